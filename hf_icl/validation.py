@@ -29,9 +29,7 @@ def check_float(
         raise ValueError(f"{name} must be a finite number, got {value!r}")
     too_low = low is not None and (value < low or (not low_inclusive and value == low))
     if too_low or (high is not None and value > high):
-        raise ValueError(
-            f"{name} must be a number in {_interval(low, high, low_inclusive)}, got {value}"
-        )
+        raise ValueError(f"{name} must be a number in {_interval(low, high, low_inclusive)}, got {value}")
     return float(value)
 
 

@@ -44,7 +44,12 @@ def test_dataset_equals_sampler_stream(tmp_path, split):
 
 def test_pooled_tasks_store_pool_ids(tmp_path):
     _, ds = _build(
-        tmp_path, config_name="linear_regression", n_dims=3, n_points=5, n_tasks=4, seed=1,
+        tmp_path,
+        config_name="linear_regression",
+        n_dims=3,
+        n_points=5,
+        n_tasks=4,
+        seed=1,
         n_prompts={"train": 40},
     )
     family = get_task("linear_regression", n_dims=3, n_tasks=4, pool_seed=1)
@@ -58,8 +63,13 @@ def test_pooled_tasks_store_pool_ids(tmp_path):
 
 
 def test_splits_are_distinct_streams(tmp_path):
-    _, ds = _build(tmp_path, config_name="linear_regression", n_dims=3, n_points=5,
-                   n_prompts={"train": 20, "validation": 20, "test": 20})
+    _, ds = _build(
+        tmp_path,
+        config_name="linear_regression",
+        n_dims=3,
+        n_points=5,
+        n_prompts={"train": 20, "validation": 20, "test": 20},
+    )
     firsts = [ds[s][:]["xs"] for s in ("train", "validation", "test")]
     assert not torch.equal(firsts[0], firsts[1])
     assert not torch.equal(firsts[1], firsts[2])

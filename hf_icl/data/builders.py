@@ -70,9 +70,7 @@ class ICLTasksConfig(datasets.BuilderConfig):
     task_params: dict[str, Any] = field(default_factory=dict)
     n_dims: int | None = 20
     n_points: int = 41
-    n_prompts: dict[str, int] = field(
-        default_factory=lambda: {"train": 12_800, "validation": 1_280, "test": 1_280}
-    )
+    n_prompts: dict[str, int] = field(default_factory=lambda: {"train": 12_800, "validation": 1_280, "test": 1_280})
     n_tasks: int | None = None
     seed: int = 0
     batch_size: int = 1024
@@ -125,9 +123,7 @@ class ICLTasks(datasets.GeneratorBasedBuilder):
         ICLTasksConfig(name="decision_tree", family="decision_tree", n_points=101),
         ICLTasksConfig(name="sinusoid", family="sinusoid", n_dims=1, n_points=100),
         ICLTasksConfig(name="latent_group_sinusoid", family="latent_group_sinusoid", n_dims=10, n_points=100),
-        ICLTasksConfig(
-            name="categorical", family="categorical", n_dims=10, n_points=10, task_params={"n_classes": 25}
-        ),
+        ICLTasksConfig(name="categorical", family="categorical", n_dims=10, n_points=10, task_params={"n_classes": 25}),
     ]
     DEFAULT_CONFIG_NAME = DEFAULT_CONFIG
 
@@ -184,6 +180,6 @@ class ICLTasks(datasets.GeneratorBasedBuilder):
         index = 0
         for xs, ys, params in stream:
             ids = params["task_id"].tolist() if "task_id" in params else range(index, index + len(xs))
-            for x, y, task_id in zip(xs.numpy(), ys.numpy(), ids):
+            for x, y, task_id in zip(xs.numpy(), ys.numpy(), ids, strict=True):
                 yield index, {"xs": x, "ys": y, "task_id": task_id}
                 index += 1

@@ -86,8 +86,7 @@ class DiagonalGaussianInputs(InputDistribution):
         self.variances = tuple(float(v) for v in self.variances)
         if not self.variances or any(not (v > 0 and math.isfinite(v)) for v in self.variances):
             raise ValueError(
-                f"DiagonalGaussianInputs.variances must be a non-empty list of positive numbers, "
-                f"got {self.variances!r}"
+                f"DiagonalGaussianInputs.variances must be a non-empty list of positive numbers, got {self.variances!r}"
             )
 
     def check_dims(self, n_dims):
@@ -144,9 +143,7 @@ class CovarianceGaussianInputs(InputDistribution):
 
     def check_dims(self, n_dims):
         if self.dim != n_dims:
-            raise ValueError(
-                f"CovarianceGaussianInputs describes {self.dim}-dimensional inputs but n_dims is {n_dims}"
-            )
+            raise ValueError(f"CovarianceGaussianInputs describes {self.dim}-dimensional inputs but n_dims is {n_dims}")
 
     def factor(self) -> torch.Tensor:
         """A matrix F (float64, CPU) with F Fᵀ = Σ; x = F z for z ~ N(0, I)."""

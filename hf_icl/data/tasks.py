@@ -105,8 +105,7 @@ class TaskFamily(ABC):
         if self.draws_own_inputs:
             if self.inputs is not None:
                 raise ValueError(
-                    f"{self.name} draws its own inputs as part of the task; inputs must be None, "
-                    f"got {self.inputs!r}"
+                    f"{self.name} draws its own inputs as part of the task; inputs must be None, got {self.inputs!r}"
                 )
         else:
             self.inputs = make_inputs(self.inputs)
@@ -217,9 +216,7 @@ def iterate_prompts(
     generator, device = resolve_generator(None, seed, device)
     for start in range(0, n_prompts, batch_size):
         size = min(batch_size, n_prompts - start)
-        yield family.sample(
-            size, n_points, generator=generator, n_dims_truncated=n_dims_truncated, return_params=True
-        )
+        yield family.sample(size, n_points, generator=generator, n_dims_truncated=n_dims_truncated, return_params=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,9 +306,7 @@ class NoisyLinearRegression(LinearRegression):
         if len(levels) == 1:
             params["noise_std"] = levels.expand(batch_size).clone()
         else:
-            which = torch.multinomial(
-                self.noise_weights.to(device), batch_size, replacement=True, generator=generator
-            )
+            which = torch.multinomial(self.noise_weights.to(device), batch_size, replacement=True, generator=generator)
             params["noise_std"] = levels[which]
         return params
 

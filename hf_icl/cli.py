@@ -1,0 +1,163 @@
+"""The ``hf-icl`` command line.
+
+hf-icl quickstart                 compare in-context estimators on a task family
+hf-icl tasks                      list task families and their hyperparameters
+hf-icl dataset --config NAME ...  build an ICLTasks dataset, save it or push it to the Hub
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+
+from .data.tasks import TASK_REGISTRY, LinearRegression, NoisyLinearRegression, TaskFamily, get_task
+
+QUICKSTART_ESTIMATORS = ("least_squares", "optimal_ridge", "averaging", "knn")
+
+
+def _formatter(prog):
+    return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=36)
+
+
+def _json_dict(text: str) -> dict:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
+    return value
+
+
+def estimator_for_task(name: str, family: TaskFamily):
+    """Build estimator ``name``; the Bayes-optimal ridge takes its prior from the family."""
+    from .estimators import get_estimator
+
+    if name == "optimal_ridge":
+        if not isinstance(family, LinearRegression):
+            raise ValueError(f"optimal_ridge needs a linear-regression family, got {family.name}")
+        noise = family.noise_std if isinstance(family, NoisyLinearRegression) else 0.0
+        return get_estimator(name, weight_var=family.weight_var * family.scale**2, noise_std=noise)
+    return get_estimator(name)
+
+
+# -- subcommands ---------------------------------------------------------------------------------
+
+
+def run_quickstart(args) -> int:
+    from .evaluation import compare_on_task, markdown_table
+
+    family = get_task(args.task, n_dims=args.n_dims, **args.task_params)
+    predictors = {name: estimator_for_task(name, family) for name in args.estimators}
+    errors = compare_on_task(predictors, family, n_prompts=args.n_prompts, n_points=args.n_points, seed=args.seed)
+    print(f"Squared error / d on {args.n_prompts} prompts of {family.name} (d={args.n_dims}, seed={args.seed})")
+    print(markdown_table(errors))
+    return 0
+
+
+def run_tasks(args) -> int:
+    for name in sorted(TASK_REGISTRY):
+        cls = TASK_REGISTRY[name]
+        params = []
+        for f in dataclasses.fields(cls):
+            if not f.init:
+                continue
+            if f.default is not dataclasses.MISSING:
+                params.append(f"{f.name}={f.default!r}")
+            elif f.default_factory is not dataclasses.MISSING:
+                params.append(f"{f.name}={f.default_factory()!r}")
+            else:
+                params.append(f"{f.name} (required)")
+        summary = " ".join(cls.__doc__.strip().split("\n\n")[0].split())
+        print(f"{name}: {summary}")
+        print("    " + ", ".join(params))
+    return 0
+
+
+def run_dataset(args) -> int:
+    from .data.builders import ICLTasks
+
+    overrides = {
+        key: value
+        for key, value in {
+            "family": args.family,
+            "task_params": args.task_params,
+            "n_dims": args.n_dims,
+            "n_points": args.n_points,
+            "n_tasks": args.n_tasks,
+            "seed": args.seed,
+        }.items()
+        if value is not None
+    }
+    counts = {"train": args.n_train, "validation": args.n_validation, "test": args.n_test}
+    overrides["n_prompts"] = {split: n for split, n in counts.items() if n}
+    builder = ICLTasks(config_name=args.config, cache_dir=args.cache_dir, **overrides)
+    builder.download_and_prepare()
+    dataset = builder.as_dataset()
+    print(dataset)
+    if args.save_to_disk:
+        dataset.save_to_disk(args.save_to_disk)
+        print(f"saved to {args.save_to_disk}")
+    if args.push_to_hub:
+        dataset.push_to_hub(args.push_to_hub, config_name=builder.config.name)
+        print(f"pushed to https://huggingface.co/datasets/{args.push_to_hub}")
+    return 0
+
+
+# -- parser --------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="hf-icl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    quick = commands.add_parser(
+        "quickstart", help="compare in-context estimators on a task family", formatter_class=_formatter
+    )
+    quick.add_argument("--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY))
+    quick.add_argument("--task-params", type=_json_dict, default={"noise_std": 0.25}, help="JSON hyperparameters")
+    quick.add_argument("--n-dims", type=int, default=5)
+    quick.add_argument("--n-points", type=int, default=16)
+    quick.add_argument("--n-prompts", type=int, default=1280)
+    quick.add_argument("--seed", type=int, default=0)
+    quick.add_argument(
+        "--estimators", type=lambda s: s.split(","), default=list(QUICKSTART_ESTIMATORS), help="comma-separated"
+    )
+    quick.set_defaults(run=run_quickstart)
+
+    tasks = commands.add_parser("tasks", help="list task families and their hyperparameters")
+    tasks.set_defaults(run=run_tasks)
+
+    data = commands.add_parser("dataset", help="build an ICLTasks dataset", formatter_class=_formatter)
+    data.add_argument("--config", default="linear_regression", help="a predefined ICLTasks config name")
+    data.add_argument("--family", default=None, help="override the config's task family")
+    data.add_argument("--task-params", type=_json_dict, default=None, help="JSON hyperparameters")
+    data.add_argument("--n-dims", type=int, default=None)
+    data.add_argument("--n-points", type=int, default=None)
+    data.add_argument("--n-tasks", type=int, default=None, help="finite task-pool size")
+    data.add_argument("--seed", type=int, default=None)
+    data.add_argument("--n-train", type=int, default=12_800)
+    data.add_argument("--n-validation", type=int, default=1_280)
+    data.add_argument("--n-test", type=int, default=1_280)
+    data.add_argument("--cache-dir", default=None)
+    data.add_argument("--save-to-disk", default=None, metavar="PATH")
+    data.add_argument("--push-to-hub", default=None, metavar="REPO_ID")
+    data.set_defaults(run=run_dataset)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as err:  # configuration errors: one clear line, not a traceback
+        print(f"hf-icl {args.command}: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
