@@ -118,12 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
     quick = commands.add_parser(
         "quickstart", help="compare in-context estimators on a task family", formatter_class=_formatter
     )
-    quick.add_argument("--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY))
+    quick.add_argument(
+        "--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY), help="task family", metavar="NAME"
+    )
     quick.add_argument("--task-params", type=_json_dict, default={"noise_std": 0.25}, help="JSON hyperparameters")
-    quick.add_argument("--n-dims", type=int, default=5)
-    quick.add_argument("--n-points", type=int, default=16)
-    quick.add_argument("--n-prompts", type=int, default=1280)
-    quick.add_argument("--seed", type=int, default=0)
+    quick.add_argument("--n-dims", type=int, default=5, help="input dimension d")
+    quick.add_argument("--n-points", type=int, default=16, help="examples per prompt")
+    quick.add_argument("--n-prompts", type=int, default=1280, help="prompts to average over")
+    quick.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     quick.add_argument(
         "--estimators", type=lambda s: s.split(","), default=list(QUICKSTART_ESTIMATORS), help="comma-separated"
     )
@@ -136,16 +138,16 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--config", default="linear_regression", help="a predefined ICLTasks config name")
     data.add_argument("--family", default=None, help="override the config's task family")
     data.add_argument("--task-params", type=_json_dict, default=None, help="JSON hyperparameters")
-    data.add_argument("--n-dims", type=int, default=None)
-    data.add_argument("--n-points", type=int, default=None)
+    data.add_argument("--n-dims", type=int, default=None, help="input dimension (config default if unset)")
+    data.add_argument("--n-points", type=int, default=None, help="examples per prompt (config default if unset)")
     data.add_argument("--n-tasks", type=int, default=None, help="finite task-pool size")
-    data.add_argument("--seed", type=int, default=None)
-    data.add_argument("--n-train", type=int, default=12_800)
-    data.add_argument("--n-validation", type=int, default=1_280)
-    data.add_argument("--n-test", type=int, default=1_280)
-    data.add_argument("--cache-dir", default=None)
-    data.add_argument("--save-to-disk", default=None, metavar="PATH")
-    data.add_argument("--push-to-hub", default=None, metavar="REPO_ID")
+    data.add_argument("--seed", type=int, default=None, help="seed of the pool and splits (config default if unset)")
+    data.add_argument("--n-train", type=int, default=12_800, help="train prompts (0: no split)")
+    data.add_argument("--n-validation", type=int, default=1_280, help="validation prompts (0: no split)")
+    data.add_argument("--n-test", type=int, default=1_280, help="test prompts (0: no split)")
+    data.add_argument("--cache-dir", default=None, help="datasets cache (HF_DATASETS_CACHE if unset)")
+    data.add_argument("--save-to-disk", default=None, metavar="PATH", help="write the DatasetDict here")
+    data.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload as parquet to this Hub repo")
     data.set_defaults(run=run_dataset)
     return parser
 
