@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..validation import check_float, check_range
+from ..validation import check_float, check_int, check_range
 
 INPUT_REGISTRY: dict[str, type[InputDistribution]] = {}
 
@@ -54,6 +54,14 @@ class InputDistribution(ABC):
         return {"name": self.name, **asdict(self)}
 
 
+def _float_tuple(name: str, values: Any) -> tuple[float, ...]:
+    """``values`` as a tuple of floats, or a ValueError naming ``name``."""
+    try:
+        return tuple(float(v) for v in values)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a list of numbers, got {values!r}") from None
+
+
 def _standard_normal(batch_size, n_points, n_dims, generator, device) -> torch.Tensor:
     return torch.randn(batch_size, n_points, n_dims, generator=generator, device=device)
 
@@ -83,7 +91,7 @@ class DiagonalGaussianInputs(InputDistribution):
     variances: tuple[float, ...]
 
     def __post_init__(self):
-        self.variances = tuple(float(v) for v in self.variances)
+        self.variances = _float_tuple("DiagonalGaussianInputs.variances", self.variances)
         if not self.variances or any(not (v > 0 and math.isfinite(v)) for v in self.variances):
             raise ValueError(
                 f"DiagonalGaussianInputs.variances must be a non-empty list of positive numbers, got {self.variances!r}"
@@ -121,16 +129,24 @@ class CovarianceGaussianInputs(InputDistribution):
     def __post_init__(self):
         if (self.spectrum is None) == (self.covariance is None):
             raise ValueError("CovarianceGaussianInputs needs exactly one of spectrum= or covariance=")
+        check_int("CovarianceGaussianInputs.rotation_seed", self.rotation_seed, low=0)
         if self.spectrum is not None:
-            self.spectrum = tuple(float(v) for v in self.spectrum)
+            self.spectrum = _float_tuple("CovarianceGaussianInputs.spectrum", self.spectrum)
             if not self.spectrum or any(not (v >= 0 and math.isfinite(v)) for v in self.spectrum):
                 raise ValueError(
                     f"CovarianceGaussianInputs.spectrum must be non-negative numbers, got {self.spectrum!r}"
                 )
         else:
-            self.covariance = tuple(tuple(float(v) for v in row) for row in self.covariance)
+            name = "CovarianceGaussianInputs.covariance"
+            try:
+                rows = [_float_tuple(name, row) for row in self.covariance]
+            except (TypeError, ValueError):
+                raise ValueError(f"{name} must be a square matrix of numbers, got {self.covariance!r}") from None
+            self.covariance = tuple(rows)
+            if any(len(row) != len(rows) for row in rows):
+                raise ValueError(f"{name} must be a square matrix, got rows of lengths {[len(r) for r in rows]}")
             cov = torch.tensor(self.covariance, dtype=torch.float64)
-            if cov.ndim != 2 or cov.shape[0] != cov.shape[1]:
+            if cov.numel() == 0:
                 raise ValueError(
                     f"CovarianceGaussianInputs.covariance must be a square matrix, got shape {tuple(cov.shape)}"
                 )
@@ -188,7 +204,7 @@ class UniformInputs(InputDistribution):
     high: float = 1.0
 
     def __post_init__(self):
-        check_range("UniformInputs (low, high)", (self.low, self.high))
+        self.low, self.high = check_range("UniformInputs (low, high)", (self.low, self.high))
 
     def sample(self, batch_size, n_points, n_dims, generator, device):
         u = torch.rand(batch_size, n_points, n_dims, generator=generator, device=device)

@@ -64,7 +64,12 @@ def resolve_generator(
         return torch.Generator(device=device).manual_seed(seed), device
     if generator is None:
         return None, torch.device(device or "cpu")
-    if device is not None and torch.device(device).type != generator.device.type:
+    requested = None if device is None else torch.device(device)
+    mismatch = requested is not None and (
+        requested.type != generator.device.type
+        or (requested.index is not None and requested.index != (generator.device.index or 0))
+    )
+    if mismatch:
         raise ValueError(
             f"device={device!r} does not match the generator's device {generator.device}; torch draws "
             f"on the generator's device, so create the generator there"
@@ -266,7 +271,11 @@ class NoisyLinearRegression(LinearRegression):
 
     def validate(self):
         super().validate()
-        stds = self.noise_std if isinstance(self.noise_std, (list, tuple)) else (self.noise_std,)
+        if isinstance(self.noise_std, (list, tuple)):  # lists from JSON/YAML compare equal to tuples
+            self.noise_std = tuple(self.noise_std)
+        if self.noise_probs is not None:
+            self.noise_probs = tuple(self.noise_probs)
+        stds = self.noise_std if isinstance(self.noise_std, tuple) else (self.noise_std,)
         if not stds:
             raise ValueError("noise_std must be a number or a non-empty list of numbers, got []")
         for s in stds:
@@ -281,7 +290,7 @@ class NoisyLinearRegression(LinearRegression):
 
     @property
     def noise_levels(self) -> torch.Tensor:
-        stds = self.noise_std if isinstance(self.noise_std, (list, tuple)) else (self.noise_std,)
+        stds = self.noise_std if isinstance(self.noise_std, tuple) else (self.noise_std,)
         return torch.tensor(stds, dtype=torch.float32)
 
     @property
