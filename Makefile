@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml constraints.txt
 quickstart: $(STAMP)
 	$(VENV)/bin/hf-icl quickstart
 
-# Triton kernels run on CPU tensors under the interpreter; -n 2 uses both CI cores.
+# Triton kernels run on CPU tensors under the interpreter; -n 2 uses both CI cores, one thread
+# each: two OpenMP threads per worker on two cores make torch matmuls tens of times slower.
 test: $(STAMP)
-	TRITON_INTERPRET=1 $(PY) -m pytest -n 2 -q tests
+	OMP_NUM_THREADS=1 TRITON_INTERPRET=1 $(PY) -m pytest -n 2 -q tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check hf_icl tests scripts

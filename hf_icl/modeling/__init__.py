@@ -1,0 +1,26 @@
+"""ICL architectures as transformers configs + PreTrainedModels, registered with the Auto classes."""
+
+from transformers import AutoConfig, AutoModel
+
+from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
+from .outputs import ICLHead, ICLOutput
+
+#: model_type -> (config class, predicting model class)
+MODEL_CLASSES = {GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression)}
+
+# AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the
+# same predictions (transformers has no Auto class for in-context regression heads).
+for _config_class, _model_class in MODEL_CLASSES.values():
+    AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
+    AutoModel.register(_config_class, _model_class, exist_ok=True)
+
+
+def build_model(model_type: str, size: str, attn_implementation: str | None = None, **config_fields):
+    """A freshly initialised ICL model of a registered type and size preset."""
+    if model_type not in MODEL_CLASSES:
+        raise ValueError(f"model_type must be one of {sorted(MODEL_CLASSES)}, got {model_type!r}")
+    config_class, model_class = MODEL_CLASSES[model_type]
+    config = config_class.from_preset(size, **config_fields)
+    if attn_implementation is None:
+        return model_class(config)
+    return model_class._from_config(config, attn_implementation=attn_implementation)

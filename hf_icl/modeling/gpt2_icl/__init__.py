@@ -1,0 +1,2 @@
+from .configuration_gpt2_icl import SIZE_PRESETS, GPT2ICLConfig
+from .modeling_gpt2_icl import GPT2ForInContextRegression, GPT2ICLModel, GPT2ICLPreTrainedModel

@@ -1,0 +1,81 @@
+"""Configuration of the GPT-2 in-context learner (Garg et al.'s baseline)."""
+
+from __future__ import annotations
+
+from transformers import GPT2Config
+
+from ...validation import check_choice, check_float, check_int
+from ..outputs import PROBLEM_TYPES, PROMPT_FORMATS
+
+#: name -> (n_embd, n_layer, n_head)
+SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
+
+
+class GPT2ICLConfig(GPT2Config):
+    r"""A GPT-2 backbone reading prompts of ``n_points`` (x, y) pairs of dimension ``n_dims``.
+
+    It *is* a :class:`~transformers.GPT2Config` (so transformers' own ``GPT2Model`` and every
+    registered ``attn_implementation`` run on it) with ICL fields on top:
+
+    Args:
+        n_dims: input dimension d.
+        n_points: longest prompt; the backbone gets ``n_positions = 2 * n_points`` tokens.
+        target_kind: ``"regression"`` (MSE), ``"binary"`` (±1 labels, BCE) or ``"categorical"``
+            (``n_classes`` ids, cross-entropy).
+        n_classes: classes of a categorical task.
+        prompt_format: ``"interleaved"`` (x and y tokens, Garg et al.) or ``"concatenated"``
+            (``[x, y]`` tokens each preceded by its ``[x, 0]`` query).
+
+    Dropout defaults to 0 and the unused token vocabulary to a single row.
+    ``GPT2ICLConfig.from_preset("tiny" | "small" | "standard", ...)`` sets width, depth and heads.
+    """
+
+    model_type = "gpt2_icl"
+
+    n_dims: int = 20
+    n_points: int = 41
+    target_kind: str = "regression"
+    n_classes: int = 2
+    prompt_format: str = "interleaved"
+    # GPT-2 defaults changed for ICL: Garg et al.'s standard size, no dropout, no vocabulary.
+    vocab_size: int = 1
+    n_embd: int = 256
+    n_layer: int = 12
+    n_head: int = 8
+    resid_pdrop: float = 0.0
+    embd_pdrop: float = 0.0
+    attn_pdrop: float = 0.0
+    use_cache: bool = False
+    bos_token_id: int | None = None
+    eos_token_id: int | None = None
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs):
+        check_int("n_dims", self.n_dims, low=1)
+        check_int("n_points", self.n_points, low=1)
+        check_choice("target_kind", self.target_kind, PROBLEM_TYPES)
+        check_int("n_classes", self.n_classes, low=2)
+        check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
+        for name in ("n_embd", "n_layer", "n_head"):
+            check_int(name, getattr(self, name), low=1)
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            check_float(name, getattr(self, name), low=0, high=1)
+        self.n_positions = 2 * self.n_points
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_preset(cls, size: str, **kwargs) -> GPT2ICLConfig:
+        """A config with the width / depth / heads of a named size (tiny, small, standard)."""
+        check_choice("size", size, sorted(SIZE_PRESETS))
+        n_embd, n_layer, n_head = SIZE_PRESETS[size]
+        clash = sorted({"n_embd", "n_layer", "n_head"} & set(kwargs))
+        if clash:
+            raise ValueError(f"size={size!r} sets n_embd/n_layer/n_head; do not also pass {clash}")
+        return cls(n_embd=n_embd, n_layer=n_layer, n_head=n_head, **kwargs)
+
+    @property
+    def label_width(self) -> int:
+        """Width of a y token before padding: 1, or ``n_classes`` one-hot entries."""
+        return self.n_classes if self.target_kind == "categorical" else 1

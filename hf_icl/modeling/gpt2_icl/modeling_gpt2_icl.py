@@ -1,0 +1,100 @@
+"""GPT-2 in-context learner: Garg et al.'s read-in → GPT-2 → read-out, around transformers' GPT2Model.
+
+The backbone is transformers' own :class:`~transformers.GPT2Model` built from the same config,
+so any attention implementation registered with transformers (sdpa, eager, CAB, …) runs
+inside it unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import GPT2Model
+from transformers.modeling_outputs import BaseModelOutput
+from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
+
+from ..outputs import PROMPT_FORMATS, ICLHead, ICLOutput, check_prompt, encode_labels, loss_mask_for
+from .configuration_gpt2_icl import GPT2ICLConfig
+
+
+class GPT2ICLPreTrainedModel(GPT2PreTrainedModel):
+    """Weight initialisation (GPT-2's) and loading for the GPT-2 ICL models."""
+
+    config_class = GPT2ICLConfig
+    base_model_prefix = "model"
+    main_input_name = "xs"
+
+
+class GPT2ICLModel(GPT2ICLPreTrainedModel):
+    """Prompt → tokens → read-in → GPT-2; returns the hidden state of every token ``(B, 2N, H)``."""
+
+    def __init__(self, config: GPT2ICLConfig):
+        super().__init__(config)
+        self.prompt = PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
+        self.read_in = nn.Linear(self.prompt.token_width, config.n_embd)
+        self.backbone = GPT2Model(config)
+        self.post_init()
+
+    def forward(
+        self,
+        xs: torch.Tensor,
+        ys: torch.Tensor,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        check_prompt(xs, ys, self.config.n_dims, self.config.n_points)
+        labels = encode_labels(ys, self.config.target_kind, self.config.n_classes)
+        embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
+        out = self.backbone(
+            inputs_embeds=embeds,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            use_cache=False,
+            **kwargs,
+        )
+        return BaseModelOutput(
+            last_hidden_state=out.last_hidden_state, hidden_states=out.hidden_states, attentions=out.attentions
+        )
+
+
+class GPT2ForInContextRegression(GPT2ICLPreTrainedModel):
+    """Predicts ``y_i`` at every position from the hidden state of the token holding ``x_i``.
+
+    ``config.target_kind`` picks the head: regression values with MSE, ±1 labels with BCE on
+    one logit, or ``n_classes`` logits with cross-entropy.
+
+    Example::
+
+        >>> import torch
+        >>> from hf_icl import GPT2ICLConfig, GPT2ForInContextRegression
+        >>> model = GPT2ForInContextRegression(GPT2ICLConfig.from_preset("tiny", n_dims=5, n_points=11))
+        >>> xs, ys = torch.randn(4, 11, 5), torch.randn(4, 11)
+        >>> model(xs, ys).predictions.shape
+        torch.Size([4, 11])
+    """
+
+    def __init__(self, config: GPT2ICLConfig):
+        super().__init__(config)
+        self.model = GPT2ICLModel(config)
+        self.head = ICLHead(config.n_embd, config.target_kind, config.n_classes)
+        self.post_init()
+
+    def forward(
+        self,
+        xs: torch.Tensor,
+        ys: torch.Tensor,
+        loss_positions: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None,
+        output_attentions: bool | None = None,
+        **kwargs,
+    ) -> ICLOutput:
+        """``loss_positions``: a ``(N,)`` bool mask or indices of the positions in the loss (default all)."""
+        base = self.model(
+            xs, ys, output_hidden_states=output_hidden_states, output_attentions=output_attentions, **kwargs
+        )
+        n_points = xs.shape[1]
+        hidden = base.last_hidden_state[:, self.model.prompt.query_positions(n_points)]
+        out = self.head(hidden, ys, loss_mask_for(loss_positions, n_points, xs.device))
+        out.hidden_states, out.attentions = base.hidden_states, base.attentions
+        return out

@@ -1,0 +1,6 @@
+"""Accelerate training of ICL models: arguments, curriculum, checkpoints, the loop, model cards."""
+
+from .arguments import ICLTrainingArguments
+from .checkpoints import latest_checkpoint
+from .curriculum import Curriculum, Schedule
+from .trainer import ICLTrainer, TrainingDivergedError, TrainingResult, train

@@ -1,0 +1,134 @@
+"""Training configuration: one dataclass, read by ``HfArgumentParser`` from the command line and YAML."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from ..validation import check_choice, check_float, check_int
+
+MIXED_PRECISION = ("no", "fp16", "bf16")
+TRACKERS = ("tensorboard", "wandb", "none")
+SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+
+
+@dataclass
+class ICLTrainingArguments:
+    """Everything a training run needs. Defaults reproduce Garg et al.'s linear-regression run.
+
+    The curriculum grows the active input dimension from ``curriculum_dims_start`` to ``n_dims``
+    and the prompt length from ``curriculum_points_start`` to ``n_points``, by ``*_inc`` every
+    ``*_interval`` steps (Garg et al.: dims 5→20 by 1 and points 11→41 by 2 every 2000 steps).
+    """
+
+    # -- task ---------------------------------------------------------------------------------
+    task: str = field(default="linear_regression", metadata={"help": "task family (hf-icl tasks lists them)"})
+    task_params: str = field(default="{}", metadata={"help": "JSON object of the family's hyperparameters"})
+    n_dims: int = field(default=20, metadata={"help": "input dimension d"})
+    n_points: int = field(default=41, metadata={"help": "examples per prompt at the end of the curriculum"})
+    n_tasks: int | None = field(default=None, metadata={"help": "finite task-pool size (None: fresh tasks)"})
+    pool_seed: int = field(default=0, metadata={"help": "seed of the finite task pool"})
+    # -- curriculum ----------------------------------------------------------------------------
+    curriculum_dims_start: int | None = field(default=5, metadata={"help": "first active dims (None: n_dims)"})
+    curriculum_dims_inc: int = field(default=1, metadata={"help": "dims added per curriculum interval"})
+    curriculum_dims_interval: int = field(default=2000, metadata={"help": "steps between dims increments"})
+    curriculum_points_start: int | None = field(default=11, metadata={"help": "first prompt length (None: n_points)"})
+    curriculum_points_inc: int = field(default=2, metadata={"help": "points added per curriculum interval"})
+    curriculum_points_interval: int = field(default=2000, metadata={"help": "steps between points increments"})
+    # -- model ---------------------------------------------------------------------------------
+    model_type: str = field(default="gpt2_icl", metadata={"help": "registered ICL architecture"})
+    model_size: str = field(default="standard", metadata={"help": "size preset: tiny, small or standard"})
+    model_overrides: str = field(default="{}", metadata={"help": "JSON object of extra config fields"})
+    attn_implementation: str | None = field(default=None, metadata={"help": "attention backend (sdpa, eager, …)"})
+    # -- optimisation --------------------------------------------------------------------------
+    train_steps: int = field(default=500_001, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=64, metadata={"help": "prompts per rank per micro-batch"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (AdamW)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    lr_scheduler: str = field(default="constant", metadata={"help": "constant, constant_with_warmup, linear, cosine"})
+    warmup_steps: int = field(default=0, metadata={"help": "learning-rate warm-up steps"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0: off)"})
+    mixed_precision: str = field(default="no", metadata={"help": "no, fp16 or bf16"})
+    seed: int = field(default=0, metadata={"help": "seed of weights and prompts"})
+    # -- evaluation, checkpoints, logging ------------------------------------------------------
+    eval_every: int = field(default=1000, metadata={"help": "steps between evaluations (0: never)"})
+    eval_prompts: int = field(default=1280, metadata={"help": "prompts in the fixed evaluation set"})
+    save_every: int = field(default=10_000, metadata={"help": "steps between checkpoints (0: only at the end)"})
+    logging_every: int = field(default=50, metadata={"help": "steps between tracker logs"})
+    output_dir: str = field(default="outputs/icl", metadata={"help": "checkpoints, final model and model card"})
+    resume_from_checkpoint: str | None = field(
+        default=None, metadata={"help": "checkpoint dir to resume from, or 'latest'"}
+    )
+    report_to: str = field(default="tensorboard", metadata={"help": "tensorboard, wandb or none"})
+    progress_bar: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` naming the first bad field."""
+        check_int("n_dims", self.n_dims, low=1)
+        check_int("n_points", self.n_points, low=1)
+        if self.n_tasks is not None:
+            check_int("n_tasks", self.n_tasks, low=1)
+        check_int("pool_seed", self.pool_seed, low=0)
+        for kind, total in (("dims", self.n_dims), ("points", self.n_points)):
+            start = getattr(self, f"curriculum_{kind}_start")
+            if start is not None:
+                check_int(f"curriculum_{kind}_start", start, low=1, high=total)
+            check_int(f"curriculum_{kind}_inc", getattr(self, f"curriculum_{kind}_inc"), low=0)
+            check_int(f"curriculum_{kind}_interval", getattr(self, f"curriculum_{kind}_interval"), low=1)
+        check_choice("model_size", self.model_size, ("tiny", "small", "standard"))
+        for name in ("train_steps", "batch_size", "gradient_accumulation_steps", "eval_prompts", "logging_every"):
+            check_int(name, getattr(self, name), low=1)
+        for name in ("warmup_steps", "eval_every", "save_every", "seed"):
+            check_int(name, getattr(self, name), low=0)
+        check_float("learning_rate", self.learning_rate, low=0, low_inclusive=False)
+        check_float("weight_decay", self.weight_decay, low=0)
+        check_float("max_grad_norm", self.max_grad_norm, low=0)
+        check_choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
+        check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        check_choice("report_to", self.report_to, TRACKERS)
+        self.task_kwargs()
+        self.model_kwargs()
+
+    def task_kwargs(self) -> dict[str, Any]:
+        return _json_object("task_params", self.task_params)
+
+    def model_kwargs(self) -> dict[str, Any]:
+        return _json_object("model_overrides", self.model_overrides)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path, **overrides) -> ICLTrainingArguments:
+        """Read a YAML file of fields (dicts allowed for task_params / model_overrides); ``overrides`` win."""
+        import yaml
+
+        with open(path) as handle:
+            values = yaml.safe_load(handle) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{path} must hold a mapping of training arguments, got {type(values).__name__}")
+        values.update(overrides)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"{path}: unknown training argument(s) {unknown}")
+        for key in ("task_params", "model_overrides"):
+            if isinstance(values.get(key), dict):
+                values[key] = json.dumps(values[key])
+        return cls(**values)
+
+
+def _json_object(name: str, text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{name} must be a JSON object, got {text!r} ({err})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object, got {text!r}")
+    return value
