@@ -138,9 +138,7 @@ class ICLHead(nn.Module):
         if self.problem_type == "regression":
             per_position = (out.squeeze(-1) - ys.float()).square()
         elif self.problem_type == "binary":
-            per_position = F.binary_cross_entropy_with_logits(
-                out.squeeze(-1), (ys.float() + 1) / 2, reduction="none"
-            )
+            per_position = F.binary_cross_entropy_with_logits(out.squeeze(-1), (ys.float() + 1) / 2, reduction="none")
         else:
             per_position = F.cross_entropy(out.transpose(1, 2), ys.long(), reduction="none")
         if loss_mask is None:

@@ -101,7 +101,10 @@ class ICLTrainer:
     def draw_batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         dims, points = self.curriculum.at(step)
         return self.task.sample(
-            self.args.batch_size, points, generator=generator, n_dims_truncated=dims if dims < self.args.n_dims else None
+            self.args.batch_size,
+            points,
+            generator=generator,
+            n_dims_truncated=dims if dims < self.args.n_dims else None,
         )
 
     def eval_set(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -136,8 +139,14 @@ class ICLTrainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points)
             if self.progress.step % args.logging_every == 0:
-                self._log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0], "curriculum/dims": dims,
-                           "curriculum/points": points})
+                self._log(
+                    {
+                        "train/loss": loss,
+                        "train/lr": self.scheduler.get_last_lr()[0],
+                        "curriculum/dims": dims,
+                        "curriculum/points": points,
+                    }
+                )
             if args.eval_every and self.progress.step % args.eval_every == 0:
                 self._log(self.evaluate())
             if args.save_every and self.progress.step % args.save_every == 0:
@@ -197,7 +206,9 @@ class ICLTrainer:
             metrics["eval/error_last"] = errors[-1].item()
             metrics["eval/error_mean"] = errors.mean().item()
         else:
-            predicted = out.logits.argmax(-1) if out.logits is not None else torch.where(out.predictions >= 0, 1.0, -1.0)
+            predicted = (
+                out.logits.argmax(-1) if out.logits is not None else torch.where(out.predictions >= 0, 1.0, -1.0)
+            )
             metrics["eval/accuracy_last"] = (predicted[:, -1] == ys[:, -1]).float().mean().item()
         return metrics
 

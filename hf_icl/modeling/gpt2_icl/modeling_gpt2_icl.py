@@ -13,11 +13,12 @@ from transformers import GPT2Model
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
+from ..loading import BitExactLoadingMixin
 from ..outputs import PROMPT_FORMATS, ICLHead, ICLOutput, check_prompt, encode_labels, loss_mask_for
 from .configuration_gpt2_icl import GPT2ICLConfig
 
 
-class GPT2ICLPreTrainedModel(GPT2PreTrainedModel):
+class GPT2ICLPreTrainedModel(BitExactLoadingMixin, GPT2PreTrainedModel):
     """Weight initialisation (GPT-2's) and loading for the GPT-2 ICL models."""
 
     config_class = GPT2ICLConfig
