@@ -16,7 +16,8 @@ SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 
 @dataclass
 class ICLTrainingArguments:
-    """Everything a training run needs. Defaults reproduce Garg et al.'s linear-regression run.
+    """Everything a training run needs. Defaults follow Garg et al.'s linear-regression run
+    (``configs/garg_linear_regression.yaml`` adds their curriculum).
 
     The curriculum grows the active input dimension from ``curriculum_dims_start`` to ``n_dims``
     and the prompt length from ``curriculum_points_start`` to ``n_points``, by ``*_inc`` every
@@ -31,10 +32,14 @@ class ICLTrainingArguments:
     n_tasks: int | None = field(default=None, metadata={"help": "finite task-pool size (None: fresh tasks)"})
     pool_seed: int = field(default=0, metadata={"help": "seed of the finite task pool"})
     # -- curriculum ----------------------------------------------------------------------------
-    curriculum_dims_start: int | None = field(default=5, metadata={"help": "first active dims (None: n_dims)"})
+    curriculum_dims_start: int | None = field(
+        default=None, metadata={"help": "first active dims (None: no curriculum, n_dims throughout)"}
+    )
     curriculum_dims_inc: int = field(default=1, metadata={"help": "dims added per curriculum interval"})
     curriculum_dims_interval: int = field(default=2000, metadata={"help": "steps between dims increments"})
-    curriculum_points_start: int | None = field(default=11, metadata={"help": "first prompt length (None: n_points)"})
+    curriculum_points_start: int | None = field(
+        default=None, metadata={"help": "first prompt length (None: no curriculum, n_points throughout)"}
+    )
     curriculum_points_inc: int = field(default=2, metadata={"help": "points added per curriculum interval"})
     curriculum_points_interval: int = field(default=2000, metadata={"help": "steps between points increments"})
     # -- model ---------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
         self.prompt = PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
         self.read_in = nn.Linear(self.prompt.token_width, config.n_embd)
         self.backbone = GPT2Model(config)
+        # Prompts enter through read_in; the token table is never used, and a trainable unused
+        # parameter would stall DistributedDataParallel's gradient reduction.
+        self.backbone.wte.weight.requires_grad_(False)
         self.post_init()
 
     def forward(
