@@ -102,6 +102,8 @@ def test_training_fits_a_single_task_pool(tmp_path):
     losses = [h["train/loss"] for h in result.history if "train/loss" in h]
     assert len(losses) == 15
     assert sum(losses[-3:]) / 3 < 0.3 * losses[0]
+    card = (tmp_path / "run" / "README.md").read_text()
+    assert "library_name: hf_icl" in card and "n_tasks: 1" in card and "eval/loss" in card
     assert (tmp_path / "run" / "model.safetensors").exists()
 
 

@@ -3,4 +3,5 @@
 from .arguments import ICLTrainingArguments
 from .checkpoints import latest_checkpoint
 from .curriculum import Curriculum, Schedule
+from .model_card import write_model_card
 from .trainer import ICLTrainer, TrainingDivergedError, TrainingResult, train

@@ -25,6 +25,7 @@ from ..modeling import build_model
 from .arguments import ICLTrainingArguments
 from .checkpoints import TrainingProgress, latest_checkpoint, save_checkpoint
 from .curriculum import Curriculum
+from .model_card import write_model_card
 
 EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
 
@@ -159,6 +160,7 @@ class ICLTrainer:
         model = accelerator.unwrap_model(self.model)
         if accelerator.is_main_process:
             model.save_pretrained(self.output_dir)
+            write_model_card(self.output_dir, args.to_dict(), final_metrics)
         accelerator.wait_for_everyone()
         accelerator.end_training()
         return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics)
