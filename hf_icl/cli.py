@@ -1,8 +1,13 @@
 """The ``hf-icl`` command line.
 
-hf-icl quickstart                 compare in-context estimators on a task family
+hf-icl quickstart                 train a tiny GPT-2 in context, compare, save, reload, check
+hf-icl train [--config Y] ...     train an ICL model (every ICLTrainingArguments field is a flag)
+hf-icl evaluate --model DIR ...   context-scaling table and plot of a model against estimators
+hf-icl compare                    compare in-context estimators on a task family
 hf-icl tasks                      list task families and their hyperparameters
 hf-icl dataset --config NAME ...  build an ICLTasks dataset, save it or push it to the Hub
+
+Multi-GPU: accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml
 """
 
 from __future__ import annotations
@@ -11,8 +16,10 @@ import argparse
 import dataclasses
 import json
 import sys
+from pathlib import Path
 
-from .data.tasks import TASK_REGISTRY, LinearRegression, NoisyLinearRegression, TaskFamily, get_task
+from .data.tasks import TASK_REGISTRY, get_task
+from .evaluation.baselines import estimator_for_task
 
 QUICKSTART_ESTIMATORS = ("least_squares", "optimal_ridge", "averaging", "knn")
 
@@ -31,22 +38,66 @@ def _json_dict(text: str) -> dict:
     return value
 
 
-def estimator_for_task(name: str, family: TaskFamily):
-    """Build estimator ``name``; the Bayes-optimal ridge takes its prior from the family."""
-    from .estimators import get_estimator
-
-    if name == "optimal_ridge":
-        if not isinstance(family, LinearRegression):
-            raise ValueError(f"optimal_ridge needs a linear-regression family, got {family.name}")
-        noise = family.noise_std if isinstance(family, NoisyLinearRegression) else 0.0
-        return get_estimator(name, weight_var=family.weight_var * family.scale**2, noise_std=noise)
-    return get_estimator(name)
-
-
 # -- subcommands ---------------------------------------------------------------------------------
 
 
 def run_quickstart(args) -> int:
+    from .quickstart import format_report, run_quickstart
+
+    overrides = {"train_steps": args.train_steps} if args.train_steps else {}
+    report = run_quickstart(args.output_dir, n_prompts=args.n_prompts, seed=args.seed, **overrides)
+    print(format_report(report))
+    return 0 if report.passed else 1
+
+
+def run_train(argv: list[str]) -> int:
+    from transformers import HfArgumentParser
+
+    from .training import ICLTrainingArguments, train
+
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--config", default=None)
+    known, rest = pre.parse_known_args(argv)
+    parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train")
+    parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
+    if known.config:
+        parser.set_defaults(**ICLTrainingArguments.from_yaml(known.config).to_dict())
+    (args,) = parser.parse_args_into_dataclasses(rest)
+    result = train(args)
+    print(json.dumps(result.final_metrics, indent=2))
+    print(f"saved to {result.output_dir}")
+    return 0
+
+
+def run_evaluate(args) -> int:
+    from transformers import AutoModel
+
+    from .data.tasks import make_task
+    from .evaluation import evaluate_context_scaling, ood_task
+    from .training.trainer import TRAINING_ARGS_FILE
+
+    model = AutoModel.from_pretrained(args.model)
+    if args.task:
+        family = get_task(args.task, n_dims=model.config.n_dims, **args.task_params)
+    else:
+        saved = Path(args.model) / TRAINING_ARGS_FILE
+        if not saved.exists():
+            raise ValueError(f"--task is required: {saved} (written by hf-icl train) is missing")
+        trained = json.loads(saved.read_text())
+        family = make_task({"name": trained["task"], **json.loads(trained["task_params"]), "n_dims": trained["n_dims"]})
+    if args.ood:
+        family = ood_task(family, args.ood)
+    predictors = {"model": model, **{name: estimator_for_task(name, family) for name in args.estimators}}
+    result = evaluate_context_scaling(
+        predictors, family, n_prompts=args.n_prompts, seed=args.seed, plot_path=args.plot, device=args.device
+    )
+    print(result.to_markdown())
+    if args.plot:
+        print(f"plot: {args.plot}")
+    return 0
+
+
+def run_compare(args) -> int:
     from .evaluation import compare_on_task, markdown_table
 
     family = get_task(args.task, n_dims=args.n_dims, **args.task_params)
@@ -116,7 +167,35 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     quick = commands.add_parser(
-        "quickstart", help="compare in-context estimators on a task family", formatter_class=_formatter
+        "quickstart", help="train a tiny GPT-2 in context, compare it with estimators", formatter_class=_formatter
+    )
+    quick.add_argument("--output-dir", default="outputs/quickstart", help="model, card, plot, checkpoints")
+    quick.add_argument("--train-steps", type=int, default=None, help="override the run's optimizer steps")
+    quick.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
+    quick.add_argument("--seed", type=int, default=0, help="seed of weights and prompts")
+    quick.set_defaults(run=run_quickstart)
+
+    commands.add_parser("train", help="train an ICL model (see hf-icl train --help)", add_help=False)
+
+    ev = commands.add_parser("evaluate", help="evaluate a trained model against estimators", formatter_class=_formatter)
+    ev.add_argument("--model", required=True, help="directory written by hf-icl train (or a Hub id)")
+    ev.add_argument("--task", default=None, help="task family (default: the one the model was trained on)")
+    ev.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters with --task")
+    ev.add_argument("--ood", default=None, help="distribution shift: scaled_x, scaled_y, skewed_covariance, ...")
+    ev.add_argument(
+        "--estimators",
+        type=lambda s: s.split(","),
+        default=["least_squares", "averaging", "knn"],
+        help="comma-separated baselines",
+    )
+    ev.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
+    ev.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    ev.add_argument("--device", default=None, help="device for the model (default: where it is)")
+    ev.add_argument("--plot", default=None, help="write the context-scaling PNG here")
+    ev.set_defaults(run=run_evaluate)
+
+    quick = commands.add_parser(
+        "compare", help="compare in-context estimators on a task family", formatter_class=_formatter
     )
     quick.add_argument(
         "--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY), help="task family", metavar="NAME"
@@ -129,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--estimators", type=lambda s: s.split(","), default=list(QUICKSTART_ESTIMATORS), help="comma-separated"
     )
-    quick.set_defaults(run=run_quickstart)
+    quick.set_defaults(run=run_compare)
 
     tasks = commands.add_parser("tasks", help="list task families and their hyperparameters")
     tasks.set_defaults(run=run_tasks)
@@ -153,11 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv else None
     try:
+        if command == "train":  # HfArgumentParser owns every training flag
+            return run_train(argv[1:])
+        args = build_parser().parse_args(argv)
         return args.run(args)
     except ValueError as err:  # configuration errors: one clear line, not a traceback
-        print(f"hf-icl {args.command}: error: {err}", file=sys.stderr)
+        print(f"hf-icl {command}: error: {err}", file=sys.stderr)
         return 2
 
 

@@ -1,5 +1,68 @@
-"""Context-scaling evaluation: per-position errors of models and estimators on ICL prompts."""
+"""Evaluation of in-context learners: context scaling, task scaling, out-of-distribution prompts.
 
+* :func:`evaluate_context_scaling`: per-position error (or accuracy) of models and estimators on
+  shared prompts, with bootstrap bands and the trivial predictor; tables, tidy rows, PNG plots.
+* :func:`evaluate_task_scaling`: error against the number of pretraining tasks T, on fresh tasks.
+* :func:`ood_task` / :data:`OOD_KINDS`: Garg et al.'s distribution-shifted prompts.
+* :func:`load_metric`, :class:`ICLSquaredError`, :class:`ICLAccuracy`: the same metrics as
+  ``evaluate.Metric`` classes; loaded on first use, so importing this package needs neither
+  ``evaluate`` nor ``datasets``.
+* :func:`error_by_position`, :func:`compare_on_task`, :func:`markdown_table`: plain error tables
+  (the CLI's quickstart).
+
+Example::
+
+    >>> from hf_icl.data.tasks import get_task
+    >>> from hf_icl.estimators import get_estimator
+    >>> result = evaluate_context_scaling(
+    ...     {"least_squares": get_estimator("least_squares")},
+    ...     ood_task(get_task("linear_regression", n_dims=3), "scaled_x", k=2),
+    ...     n_prompts=256,
+    ...     n_points=6,
+    ... )
+    >>> print(result.to_markdown(positions=[0, 5]).splitlines()[0])
+    | examples | least_squares | trivial |
+"""
+
+from typing import Any
+
+from .bootstrap import bootstrap_band, bootstrap_indices
 from .compare import compare_on_task, error_by_position, markdown_table
+from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
+from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
+from .ood import OOD_KINDS, ood_task
+from .task_scaling import TaskScalingResult, evaluate_task_scaling
 
-__all__ = ["compare_on_task", "error_by_position", "markdown_table"]
+#: Names served by :mod:`.hf_metrics`, imported on first access (it needs evaluate + datasets).
+_LAZY_HF_METRICS = ("ICLAccuracy", "ICLSquaredError", "load_metric")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY_HF_METRICS:
+        from . import hf_metrics
+
+        return getattr(hf_metrics, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "OOD_KINDS",
+    "TRIVIAL",
+    "ContextScalingResult",
+    "ICLAccuracy",
+    "ICLSquaredError",
+    "PositionMetric",
+    "TaskScalingResult",
+    "bootstrap_band",
+    "bootstrap_indices",
+    "compare_on_task",
+    "error_by_position",
+    "evaluate_context_scaling",
+    "evaluate_task_scaling",
+    "load_metric",
+    "markdown_table",
+    "metric_for_task",
+    "normalizer_for",
+    "ood_task",
+    "predicted_labels",
+]

@@ -8,6 +8,7 @@ save. Launch on one device with ``python`` / ``hf-icl train``, on many with ``ac
 
 from __future__ import annotations
 
+import json
 import math
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -27,6 +28,7 @@ from .checkpoints import TrainingProgress, latest_checkpoint, save_checkpoint
 from .curriculum import Curriculum
 from .model_card import write_model_card
 
+TRAINING_ARGS_FILE = "training_args.json"  # lets `hf-icl evaluate` rebuild the training task
 EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
 
 
@@ -160,6 +162,7 @@ class ICLTrainer:
         model = accelerator.unwrap_model(self.model)
         if accelerator.is_main_process:
             model.save_pretrained(self.output_dir)
+            (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
             write_model_card(self.output_dir, args.to_dict(), final_metrics)
         accelerator.wait_for_everyone()
         accelerator.end_training()
