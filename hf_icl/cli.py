@@ -62,7 +62,7 @@ def run_train(argv: list[str]) -> int:
     parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
     if known.config:
         parser.set_defaults(**ICLTrainingArguments.from_yaml(known.config).to_dict())
-    (args,) = parser.parse_args_into_dataclasses(rest)
+    args = parser.parse_args_into_dataclasses(rest)[0]  # [1]: the namespace holding --config
     result = train(args)
     print(json.dumps(result.final_metrics, indent=2))
     print(f"saved to {result.output_dir}")

@@ -8,8 +8,8 @@ from hf_icl.cli import build_parser, main
 from hf_icl.data.tasks import available_tasks
 
 
-def test_quickstart_prints_one_row_per_context_length(capsys):
-    assert main(["quickstart", "--n-dims", "3", "--n-points", "8", "--n-prompts", "200"]) == 0
+def test_compare_prints_one_row_per_context_length(capsys):
+    assert main(["compare", "--n-dims", "3", "--n-points", "8", "--n-prompts", "200"]) == 0
     out = capsys.readouterr().out
     header = next(line for line in out.splitlines() if line.startswith("| examples"))
     assert [c.strip() for c in header.strip("|").split("|")][1:] == [
@@ -53,3 +53,35 @@ def test_help_shows_defaults(capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["quickstart", "--help"])
     assert "(default: 1280)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    assert "--curriculum_dims_start" in capsys.readouterr().out
+
+
+def test_train_then_evaluate(tmp_path, capsys):
+    config = tmp_path / "run.yaml"
+    config.write_text("task: noisy_linear_regression\ntask_params: {noise_std: 0.1}\nn_dims: 3\nn_points: 6\n")
+    out = tmp_path / "run"
+    argv = ["train", "--config", str(config), "--model_size", "tiny", "--train_steps", "3", "--batch_size", "4"]
+    argv += ["--eval_prompts", "16", "--report_to", "none", "--no_progress_bar", "--output_dir", str(out)]
+    assert main(argv) == 0
+    assert (out / "model.safetensors").exists() and (out / "training_args.json").exists()
+    capsys.readouterr()
+    plot = tmp_path / "curve.png"
+    argv = ["evaluate", "--model", str(out), "--estimators", "least_squares,optimal_ridge", "--n-prompts", "64"]
+    assert main([*argv, "--plot", str(plot)]) == 0
+    header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| examples"))
+    assert "model" in header and "optimal_ridge" in header
+    assert plot.stat().st_size > 5_000
+    assert main(["evaluate", "--model", str(out), "--ood", "scaled_x", "--n-prompts", "32"]) == 0
+
+
+def test_quickstart_trains_saves_and_reloads_identically(tmp_path, capsys):
+    code = main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--train-steps", "20", "--n-prompts", "64"])
+    out = capsys.readouterr().out
+    assert "reload gives identical predictions: True" in out
+    assert code in (0, 1)  # 20 steps train too little to pass the accuracy checks; the report says which
+    assert out.count("PASS") + out.count("FAIL") == 3
+    card = (tmp_path / "qs" / "README.md").read_text()
+    assert "context_scaling.png" in card and "least_squares" in card
+    assert (tmp_path / "qs" / "context_scaling.png").exists()
