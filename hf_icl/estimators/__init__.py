@@ -1,0 +1,68 @@
+"""Classical in-context estimators: baselines that read a prompt and predict every position.
+
+Protocol
+--------
+A batch of prompts is ``xs (B, N, d)`` (float) and ``ys (B, N)`` (same dtype and device). Every
+estimator is a callable ``estimator(xs, ys) -> preds (B, N)``: position ``i`` is predicted from
+the examples ``(x_j, y_j)_{j<i}`` and ``x_i`` only, for all positions in one call. Estimators
+are vectorised over the batch and over prefixes (all prefixes share one factorisation or one
+cumulative sum), except :class:`DecisionTree` and :class:`XGBoost`, which fit one library model
+per prompt and prefix on CPU. Outputs have the dtype and device of ``xs``; delicate linear
+algebra runs in float64 internally (float32 on MPS, which has no float64). Invalid inputs raise
+``ValueError`` naming the argument, what was received and what is allowed.
+
+Few examples
+------------
+Position 0 has no examples and predicts 0 (the prior mean of y) for EVERY estimator. Beyond
+that each estimator uses whatever examples exist, with these conventions:
+
+* :class:`LeastSquares`: the minimum-norm least-squares solution (fewer examples than
+  dimensions, or collinear inputs, leave the fit underdetermined);
+* :class:`Ridge`, :class:`KernelRidge`, :class:`OptimalRidge`, :class:`Lasso`: their usual
+  penalised fits on the ``i`` available examples (Lasso's ``1/(2n)`` uses ``n = i``);
+* :class:`KNN`: with fewer than ``k`` examples, the mean of all of them;
+* :class:`Averaging`: the mean over the ``i`` examples; :class:`OneStepGD`: the plain sum;
+* :class:`NadarayaWatson`: the kernel average over the available examples (Hilbert kernel: an
+  exact duplicate of ``x_i`` takes all the weight);
+* :class:`TwoLayerNN`, :class:`DecisionTree`, :class:`XGBoost`: fitted to the ``i`` examples.
+
+Example::
+
+    >>> import torch
+    >>> from hf_icl.estimators import get_estimator
+    >>> xs = torch.randn(4, 11, 3)
+    >>> ys = xs @ torch.randn(3)
+    >>> get_estimator("least_squares")(xs, ys).shape
+    torch.Size([4, 11])
+"""
+
+from .base import InContextEstimator
+from .kernel_ridge import KernelRidge
+from .knn import KNN
+from .lasso import Lasso
+from .least_squares import LeastSquares
+from .moments import Averaging, OneStepGD
+from .nadaraya_watson import NadarayaWatson
+from .optimal_ridge import OptimalRidge
+from .registry import available_estimators, get_estimator
+from .ridge import Ridge
+from .tree_models import DecisionTree, XGBoost
+from .two_layer_nn import TwoLayerNN
+
+__all__ = [
+    "Averaging",
+    "DecisionTree",
+    "InContextEstimator",
+    "KNN",
+    "KernelRidge",
+    "Lasso",
+    "LeastSquares",
+    "NadarayaWatson",
+    "OneStepGD",
+    "OptimalRidge",
+    "Ridge",
+    "TwoLayerNN",
+    "XGBoost",
+    "available_estimators",
+    "get_estimator",
+]
