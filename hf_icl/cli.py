@@ -88,12 +88,10 @@ def run_evaluate(args) -> int:
     if args.ood:
         family = ood_task(family, args.ood)
     predictors = {"model": model, **{name: estimator_for_task(name, family) for name in args.estimators}}
-    result = evaluate_context_scaling(
-        predictors, family, n_prompts=args.n_prompts, seed=args.seed, plot_path=args.plot, device=args.device
-    )
+    result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=args.device)
     print(result.to_markdown())
     if args.plot:
-        print(f"plot: {args.plot}")
+        print(f"plot: {result.plot(args.plot, log_y=args.log_y)}")
     return 0
 
 
@@ -192,6 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ev.add_argument("--device", default=None, help="device for the model (default: where it is)")
     ev.add_argument("--plot", default=None, help="write the context-scaling PNG here")
+    ev.add_argument("--log-y", action="store_true", help="logarithmic error axis in the plot")
     ev.set_defaults(run=run_evaluate)
 
     quick = commands.add_parser(

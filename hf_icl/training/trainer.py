@@ -140,7 +140,7 @@ class ICLTrainer:
             self.progress.step = step + 1
             dims, points = self.curriculum.at(step)
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points)
+            bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points, refresh=False)
             if self.progress.step % args.logging_every == 0:
                 self._log(
                     {
