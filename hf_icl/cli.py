@@ -45,7 +45,7 @@ def run_quickstart(args) -> int:
     from .quickstart import format_report, run_quickstart
 
     overrides = {"train_steps": args.train_steps} if args.train_steps else {}
-    report = run_quickstart(args.output_dir, n_prompts=args.n_prompts, seed=args.seed, **overrides)
+    report = run_quickstart(args.output_dir, seed=args.seed, eval_prompts=args.n_prompts, **overrides)
     print(format_report(report))
     return 0 if report.passed else 1
 

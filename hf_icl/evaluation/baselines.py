@@ -20,3 +20,18 @@ def estimator_for_task(name: str, family: TaskFamily):
         noise_std=family.noise_std,
         noise_probs=family.noise_probs,
     )
+
+
+def default_baselines(family: TaskFamily) -> dict:
+    """The estimators a model trained on ``family`` is compared with by default.
+
+    Regression: least squares, averaging and 3-NN (plus the Bayes ridge for noisy linear tasks);
+    binary labels: least squares and 3-NN on the ±1 labels (their sign is the prediction);
+    categorical labels: none (the chance rate is the reference).
+    """
+    if family.target_kind == "categorical":
+        return {}
+    names = ["least_squares", "knn"] if family.target_kind == "binary" else ["least_squares", "averaging", "knn"]
+    if isinstance(family, NoisyLinearRegression):
+        names.insert(1, "optimal_ridge")
+    return {name: estimator_for_task(name, family) for name in names}

@@ -21,6 +21,8 @@ from tqdm.auto import tqdm
 from transformers import get_scheduler
 
 from ..data.tasks import TaskFamily, make_task
+from ..evaluation import ContextScalingResult, evaluate_context_scaling
+from ..evaluation.baselines import default_baselines
 from ..evaluation.compare import error_by_position
 from ..modeling import build_model
 from .arguments import ICLTrainingArguments
@@ -29,6 +31,7 @@ from .curriculum import Curriculum
 from .model_card import write_model_card
 
 TRAINING_ARGS_FILE = "training_args.json"  # lets `hf-icl evaluate` rebuild the training task
+PLOT_FILE = "context_scaling.png"
 EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
 
 
@@ -43,6 +46,8 @@ class TrainingResult:
     step: int
     history: list[dict] = field(default_factory=list)
     final_metrics: dict[str, float] = field(default_factory=dict)
+    #: the final model against the default baselines (main process only; None on other ranks)
+    context_scaling: ContextScalingResult | None = None
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -160,13 +165,18 @@ class ICLTrainer:
         if not args.save_every or self.progress.step % args.save_every:
             save_checkpoint(accelerator, self.output_dir, self.progress.step)
         model = accelerator.unwrap_model(self.model)
+        scaling = None
         if accelerator.is_main_process:
             model.save_pretrained(self.output_dir)
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
-            write_model_card(self.output_dir, args.to_dict(), final_metrics)
+            scaling = self.context_scaling()
+            # log scale for errors: least squares' interpolation peak at n = d flattens other curves
+            scaling.plot(self.output_dir / PLOT_FILE, log_y=scaling.metric.name != "accuracy")
+            table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
+            write_model_card(self.output_dir, args.to_dict(), final_metrics, plot_file=PLOT_FILE, results_table=table)
         accelerator.wait_for_everyone()
         accelerator.end_training()
-        return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics)
+        return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics, scaling)
 
     def _optimizer_step(self, step: int, generator: torch.Generator) -> float:
         args, accelerator = self.args, self.accelerator
@@ -216,6 +226,19 @@ class ICLTrainer:
             )
             metrics["eval/accuracy_last"] = (predicted[:, -1] == ys[:, -1]).float().mean().item()
         return metrics
+
+    def context_scaling(self) -> ContextScalingResult:
+        """The model against the task's default baselines at every context length, on the
+        evaluation prompts (one forward pass, bootstrap bands)."""
+        eval_task = make_task({**self.task.to_dict(), "n_tasks": None})
+        predictors = {self.args.model_type: self.accelerator.unwrap_model(self.model), **default_baselines(eval_task)}
+        return evaluate_context_scaling(
+            predictors,
+            eval_task,
+            n_prompts=self.args.eval_prompts,
+            n_points=self.args.n_points,
+            seed=self.args.seed + EVAL_SEED_OFFSET,
+        )
 
     def _log(self, values: dict) -> None:
         record = {"step": self.progress.step, **values}
