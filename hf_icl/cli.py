@@ -74,7 +74,8 @@ def run_evaluate(args) -> int:
 
     from .data.tasks import make_task
     from .evaluation import evaluate_context_scaling, ood_task
-    from .training.trainer import TRAINING_ARGS_FILE
+    from .training import ICLTrainingArguments
+    from .training.trainer import TRAINING_ARGS_FILE, build_task
 
     model = AutoModel.from_pretrained(args.model)
     if args.task:
@@ -83,8 +84,8 @@ def run_evaluate(args) -> int:
         saved = Path(args.model) / TRAINING_ARGS_FILE
         if not saved.exists():
             raise ValueError(f"--task is required: {saved} (written by hf-icl train) is missing")
-        trained = json.loads(saved.read_text())
-        family = make_task({"name": trained["task"], **json.loads(trained["task_params"]), "n_dims": trained["n_dims"]})
+        trained = ICLTrainingArguments(**json.loads(saved.read_text()))
+        family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
     if args.ood:
         family = ood_task(family, args.ood)
     predictors = {"model": model, **{name: estimator_for_task(name, family) for name in args.estimators}}
