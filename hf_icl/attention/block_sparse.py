@@ -1,0 +1,116 @@
+"""Exact softmax attention over selected key blocks, in PyTorch (autograd-capable).
+
+Each query block attends only to the key blocks its row of ``keep`` selects: those blocks are
+gathered, so the work is ``O(selected blocks)``, not ``O(N²)``. Token-level causality (inside
+the diagonal block) and an optional boolean attention mask are applied within the gathered
+blocks. This is the CPU / reference execution; the Triton kernel of the next stage must match it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def selected_block_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, H, Mq, Mk)`` bool → indices ``(B, H, Mq, K)`` of the kept key blocks (ascending) and a
+    validity mask ``(B, H, Mq, K)``, K being the largest number kept by any row."""
+    counts = keep.sum(-1)
+    width = max(int(counts.max()), 1)
+    n_k = keep.shape[-1]
+    # kept blocks sort first, in ascending block order: key = index for kept, index + Mk otherwise
+    order = torch.arange(n_k, device=keep.device) + n_k * (~keep).long()
+    indices = order.topk(width, dim=-1, largest=False).values % n_k
+    valid = torch.arange(width, device=keep.device) < counts.unsqueeze(-1)
+    return indices, valid
+
+
+def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``(B, H, N, D)`` → ``(B, H, M, bs, D)``, zero-padding the last block."""
+    pad = -x.shape[2] % block_size
+    x = F.pad(x, (0, 0, 0, pad))
+    return x.unflatten(2, (x.shape[2] // block_size, block_size))
+
+
+def block_sparse_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Causal attention of ``query (B, H, Nq, D)`` over the kept blocks of ``key``/``value (B, H, Nk, D)``.
+
+    Args:
+        keep: ``(B, H, Mq, Mk)`` bool block selection (query blocks of the Nq queries, which start
+            at absolute position ``q_offset``; ``q_offset`` must be a multiple of ``block_size``
+            unless Nq == 1).
+        attention_mask: optional bool ``(B, 1 or H, Nq, Nk)``, True where attention is allowed
+            (padding); applied on top of causality and the block selection.
+
+    Returns ``(B, H, Nq, D)`` in the query dtype; softmax runs in float32. A query that can see no
+    key at all (e.g. a padded position) gets zeros, never NaN.
+    """
+    batch, heads, n_q, dim = query.shape
+    n_k = key.shape[2]
+    indices, valid = selected_block_indices(keep)  # (B, H, Mq, K)
+    q_blocks = _blocks(query, block_size)  # (B, H, Mq, bs, D)
+    n_q_blocks = q_blocks.shape[2]
+    gather = indices[..., None, None].expand(-1, -1, -1, -1, block_size, dim)
+
+    def gathered(x):  # (B, H, Mk, bs, D) → (B, H, Mq, K·bs, D)
+        blocks = _blocks(x, block_size).unsqueeze(2).expand(-1, -1, n_q_blocks, -1, -1, -1)
+        return blocks.gather(3, gather).flatten(3, 4)
+
+    scores = torch.einsum("bhqsd,bhqkd->bhqsk", q_blocks.float(), gathered(key).float()) * scaling
+
+    # absolute positions of every query row and every gathered key column
+    q_pos = q_offset + torch.arange(n_q_blocks * block_size, device=query.device).view(n_q_blocks, block_size)
+    k_pos = (indices.unsqueeze(-1) * block_size + torch.arange(block_size, device=query.device)).flatten(-2)
+    allowed = (k_pos.unsqueeze(-2) <= q_pos[..., None]) & (k_pos < n_k).unsqueeze(-2)
+    allowed = allowed & valid.repeat_interleave(block_size, dim=-1).unsqueeze(-2)
+    if attention_mask is not None:
+        allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, n_q_blocks, heads)
+    scores = scores.masked_fill(~allowed, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with nothing visible → zeros
+    out = torch.einsum("bhqsk,bhqkd->bhqsd", probs, gathered(value).float())
+    return out.flatten(2, 3)[:, :, :n_q].to(query.dtype)
+
+
+def _gather_token_mask(
+    mask: torch.Tensor, indices: torch.Tensor, block_size: int, n_q_blocks: int, heads: int
+) -> torch.Tensor:
+    """Bool ``(B, 1|H, Nq, Nk)`` mask → ``(B, H, Mq, bs, K·bs)`` aligned with the gathered keys."""
+    batch, _, n_q, n_k = mask.shape
+    pad_q, pad_k = -n_q % block_size, -n_k % block_size
+    mask = F.pad(mask, (0, pad_k, 0, pad_q), value=False).expand(batch, heads, -1, -1)
+    mask = mask.unflatten(2, (n_q_blocks, block_size)).unflatten(-1, (-1, block_size))  # (B,H,Mq,bs,Mk,bs)
+    index = indices[:, :, :, None, :, None].expand(-1, -1, -1, block_size, -1, block_size)
+    return mask.gather(4, index).flatten(-2)
+
+
+def dense_masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference: full N×N attention masked to the same blocks (for tests and small inputs)."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    token_keep = keep.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :n_q, :n_k]
+    causal = (q_offset + torch.arange(n_q, device=query.device))[:, None] >= torch.arange(n_k, device=query.device)
+    allowed = token_keep & causal
+    if attention_mask is not None:
+        allowed = allowed & attention_mask
+    scores = (query.float() @ key.float().transpose(-1, -2)) * scaling
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    return (probs @ value.float()).to(query.dtype)
