@@ -1,7 +1,19 @@
-"""Attention implementations that plug into transformers models (CAB block-sparse attention).
+"""Attention implementations that plug into transformers models: CAB block-sparse attention.
 
-Stage reached so far: the gathered block-sparse executor (:mod:`.block_sparse`), block scoring and
-selection policies (:mod:`.selection`); the registered ``"cab"`` attention function comes next.
+Importing this package registers ``"cab"`` with ``transformers.AttentionInterface`` and
+``AttentionMaskInterface``; :func:`enable_cab` switches a model to it.
 """
 
 from .block_sparse import block_sparse_attention, dense_masked_attention, selected_block_indices
+from .cab import CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
+from .selection import (
+    SELECTION_POLICIES,
+    attention_preservation,
+    block_scores,
+    causal_block_mask,
+    reference_cab_v3_selection,
+    select_blocks,
+    true_block_mass,
+)
+
+register_cab()

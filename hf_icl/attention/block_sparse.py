@@ -42,6 +42,7 @@ def block_sparse_attention(
     scaling: float,
     q_offset: int = 0,
     attention_mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
 ) -> torch.Tensor:
     """Causal attention of ``query (B, H, Nq, D)`` over the kept blocks of ``key``/``value (B, H, Nk, D)``.
 
@@ -51,6 +52,7 @@ def block_sparse_attention(
             unless Nq == 1).
         attention_mask: optional bool ``(B, 1 or H, Nq, Nk)``, True where attention is allowed
             (padding); applied on top of causality and the block selection.
+        dropout: dropout probability on the attention weights (pass 0 at evaluation).
 
     Returns ``(B, H, Nq, D)`` in the query dtype; softmax runs in float32. A query that can see no
     key at all (e.g. a padded position) gets zeros, never NaN.
@@ -77,6 +79,8 @@ def block_sparse_attention(
         allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, n_q_blocks, heads)
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with nothing visible → zeros
+    if dropout:
+        probs = F.dropout(probs, p=dropout)
     out = torch.einsum("bhqsk,bhqkd->bhqsd", probs, gathered(value).float())
     return out.flatten(2, 3)[:, :, :n_q].to(query.dtype)
 

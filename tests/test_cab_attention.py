@@ -1,0 +1,135 @@
+"""CAB as a registered transformers attention implementation, on tiny random GPT-2 and Llama models."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import (
+    AttentionInterface,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+from transformers.masking_utils import AttentionMaskInterface
+
+import hf_icl
+from hf_icl.attention.block_sparse import dense_masked_attention
+from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
+
+SMALL = dict(block_size=16, min_seq_len=0)
+
+
+def gpt2(seed=0):
+    torch.manual_seed(seed)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=2, n_positions=256, vocab_size=101, attn_pdrop=0.0)
+    return GPT2LMHeadModel(config).eval()
+
+
+def llama(seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        vocab_size=101,
+        max_position_embeddings=256,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def tokens(batch, length, seed=0):
+    return torch.randint(101, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def test_cab_is_registered_for_attention_and_masks():
+    assert "cab" in AttentionInterface._global_mapping
+    assert "cab" in AttentionMaskInterface._global_mapping
+
+
+def test_attention_function_equals_dense_attention_on_selected_blocks():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 3, 100, 32, generator=g) for _ in range(3))
+    params = CABParams(sparsity=0.6, policy="frc", **SMALL)
+    module = SimpleNamespace(config=SimpleNamespace(**params.to_config_fields()), training=False)
+    out, weights = cab_attention_forward(module, q, k, v, None, scaling=0.2)
+    keep = select_cab_blocks(q, k, params, 0.2)
+    assert weights is None and out.shape == (2, 100, 3, 32)
+    expected = dense_masked_attention(q, k, v, keep, block_size=16, scaling=0.2).transpose(1, 2)
+    torch.testing.assert_close(out, expected)
+    assert not keep[..., torch.arange(7), torch.arange(7)].logical_not().any()  # diagonal always kept
+    causal_blocks = torch.tril(torch.ones(7, 7, dtype=torch.bool))
+    assert keep.sum() < causal_blocks.sum() * 2 * 3  # really sparse
+    assert not (keep & ~causal_blocks).any()  # never a future block
+
+
+@pytest.mark.parametrize("build", [gpt2, llama])
+def test_sparsity_zero_equals_sdpa(build):
+    ids = tokens(2, 70)
+    reference = build()
+    expected = reference(ids).logits
+    model = hf_icl.enable_cab(build(), sparsity=0.0, **SMALL)
+    assert model.config._attn_implementation == "cab"
+    torch.testing.assert_close(model(ids).logits, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_padding_left_and_right_at_sparsity_zero_and_no_nan_when_sparse():
+    ids = tokens(2, 48)
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[0, :5] = 0  # left padding
+    mask[1, 40:] = 0  # right padding
+    expected = gpt2()(ids, attention_mask=mask).logits
+    dense = hf_icl.enable_cab(gpt2(), sparsity=0.0, **SMALL)(ids, attention_mask=mask).logits
+    real = mask.bool()
+    torch.testing.assert_close(dense[real], expected[real], atol=1e-5, rtol=1e-5)
+    sparse = hf_icl.enable_cab(gpt2(), sparsity=0.5, **SMALL)(ids, attention_mask=mask).logits
+    assert torch.isfinite(sparse).all()
+
+
+def test_generation_at_sparsity_zero_matches_sdpa_token_for_token():
+    prompt = tokens(1, 40)
+    kwargs = dict(max_new_tokens=12, do_sample=False, pad_token_id=0)
+    expected = gpt2().generate(prompt, **kwargs)
+    got = hf_icl.enable_cab(gpt2(), sparsity=0.0, **SMALL).generate(prompt, **kwargs)
+    assert torch.equal(got, expected)
+    sparse = hf_icl.enable_cab(gpt2(), sparsity=0.7, **SMALL).generate(prompt, **kwargs)
+    assert sparse.shape == expected.shape
+
+
+def test_gradients_flow_through_sparse_attention():
+    model = hf_icl.enable_cab(gpt2(), sparsity=0.5, **SMALL).train()
+    ids = tokens(2, 64)
+    model(ids, labels=ids).loss.backward()
+    grad = model.transformer.h[0].attn.c_attn.weight.grad
+    assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0
+
+
+def test_hyperparameters_survive_save_and_from_pretrained(tmp_path):
+    model = hf_icl.enable_cab(gpt2(), sparsity=0.8, policy="magnitude", **SMALL)
+    model.save_pretrained(tmp_path)
+    reloaded = GPT2LMHeadModel.from_pretrained(tmp_path, attn_implementation="cab")
+    params = CABParams.from_config(reloaded.config)
+    assert (params.sparsity, params.policy, params.block_size) == (0.8, "magnitude", 16)
+    ids = tokens(1, 64)
+    torch.testing.assert_close(reloaded.eval()(ids).logits, model(ids).logits)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"sparsity": 1.0}, "cab_sparsity"),
+        ({"sparsity": -0.1}, "cab_sparsity"),
+        ({"block_size": 48}, "cab_block_size"),
+        ({"block_size": 256}, "cab_block_size"),
+        ({"policy": "random"}, "cab_policy"),
+        ({"budget": "layer"}, "cab_budget"),
+        ({"sink_blocks": -1}, "cab_sink_blocks"),
+        ({"decode": "skip"}, "cab_decode"),
+        ({"lam": -1.0}, "cab_lambda"),
+    ],
+)
+def test_bad_hyperparameters_are_clear_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hf_icl.enable_cab(gpt2(), **kwargs)
