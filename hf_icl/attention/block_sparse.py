@@ -54,35 +54,43 @@ def block_sparse_attention(
             (padding); applied on top of causality and the block selection.
         dropout: dropout probability on the attention weights (pass 0 at evaluation).
 
-    Returns ``(B, H, Nq, D)`` in the query dtype; softmax runs in float32. A query that can see no
-    key at all (e.g. a padded position) gets zeros, never NaN.
+    Returns ``(B, H, Nq, D)`` in the query dtype. A query that can see no key at all (a padded
+    position) gets zeros, never NaN.
     """
     batch, heads, n_q, dim = query.shape
-    n_k = key.shape[2]
     indices, valid = selected_block_indices(keep)  # (B, H, Mq, K)
+    n_k_blocks = keep.shape[-1]
+    # Unused slots point at an extra all-zero block placed after every key: it lies in every
+    # query's future, so the causal mask below is the only mask the selection needs.
+    indices = indices.masked_fill(~valid, n_k_blocks)
     q_blocks = _blocks(query, block_size)  # (B, H, Mq, bs, D)
     n_q_blocks = q_blocks.shape[2]
-    gather = indices[..., None, None].expand(-1, -1, -1, -1, block_size, dim)
+    heads_offset = torch.arange(batch * heads, device=query.device).view(batch, heads, 1, 1) * (n_k_blocks + 1)
+    flat = (heads_offset + indices).flatten()
 
-    def gathered(x):  # (B, H, Mk, bs, D) → (B, H, Mq, K·bs, D)
-        blocks = _blocks(x, block_size).unsqueeze(2).expand(-1, -1, n_q_blocks, -1, -1, -1)
-        return blocks.gather(3, gather).flatten(3, 4)
+    def gathered(x):  # (B, H, Nk, D) → (B, H, Mq, K·bs, D): contiguous block copies
+        blocks = F.pad(_blocks(x, block_size), (0, 0, 0, 0, 0, 1))  # the extra future block
+        return blocks.flatten(0, 2).index_select(0, flat).view(batch, heads, n_q_blocks, -1, dim)
 
-    scores = torch.einsum("bhqsd,bhqkd->bhqsk", q_blocks.float(), gathered(key).float()) * scaling
-
-    # absolute positions of every query row and every gathered key column
-    q_pos = q_offset + torch.arange(n_q_blocks * block_size, device=query.device).view(n_q_blocks, block_size)
+    q_pos = q_offset + torch.arange(n_q_blocks * block_size, device=query.device).view(n_q_blocks, block_size, 1)
     k_pos = (indices.unsqueeze(-1) * block_size + torch.arange(block_size, device=query.device)).flatten(-2)
-    allowed = (k_pos.unsqueeze(-2) <= q_pos[..., None]) & (k_pos < n_k).unsqueeze(-2)
-    allowed = allowed & valid.repeat_interleave(block_size, dim=-1).unsqueeze(-2)
+    allowed = k_pos.unsqueeze(-2) <= q_pos  # (B, H, Mq, bs, K·bs)
     if attention_mask is not None:
         allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, n_q_blocks, heads)
-    scores = scores.masked_fill(~allowed, float("-inf"))
-    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with nothing visible → zeros
-    if dropout:
-        probs = F.dropout(probs, p=dropout)
-    out = torch.einsum("bhqsk,bhqkd->bhqsd", probs, gathered(value).float())
-    return out.flatten(2, 3)[:, :, :n_q].to(query.dtype)
+    # an additive mask built in one pass (SDPA would convert a bool mask in two), in 4-D
+    # (batch·heads, query blocks, …) so SDPA takes its fused kernel, not the unfused fallback
+    bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q_blocks.flatten(0, 1),
+        gathered(key).flatten(0, 1),
+        gathered(value).flatten(0, 1),
+        attn_mask=bias.flatten(0, 1),
+        dropout_p=dropout,
+        scale=scaling,
+    ).view(batch, heads, n_q_blocks * block_size, dim)
+    if attention_mask is not None:
+        out = out.nan_to_num(0.0)  # padded queries see nothing; causality alone never empties a row
+    return out[:, :, :n_q]
 
 
 def _gather_token_mask(
@@ -90,7 +98,7 @@ def _gather_token_mask(
 ) -> torch.Tensor:
     """Bool ``(B, 1|H, Nq, Nk)`` mask → ``(B, H, Mq, bs, K·bs)`` aligned with the gathered keys."""
     batch, _, n_q, n_k = mask.shape
-    pad_q, pad_k = -n_q % block_size, -n_k % block_size
+    pad_q, pad_k = -n_q % block_size, -n_k % block_size + block_size  # + the extra future block
     mask = F.pad(mask, (0, pad_k, 0, pad_q), value=False).expand(batch, heads, -1, -1)
     mask = mask.unflatten(2, (n_q_blocks, block_size)).unflatten(-1, (-1, block_size))  # (B,H,Mq,bs,Mk,bs)
     index = indices[:, :, :, None, :, None].expand(-1, -1, -1, block_size, -1, block_size)
