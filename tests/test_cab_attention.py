@@ -65,6 +65,37 @@ def test_attention_function_equals_dense_attention_on_selected_blocks():
     assert not (keep & ~causal_blocks).any()  # never a future block
 
 
+def test_document_reference_selection_leaks_the_future_and_ours_does_not():
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, 128, 32, generator=g) for _ in range(3))
+    late_k = k.clone()
+    late_k[:, :, 112:] *= 25.0  # only the last block's keys change
+
+    def early_outputs(policy, keys):
+        params = CABParams(sparsity=0.7, policy=policy, **SMALL)
+        module = SimpleNamespace(config=SimpleNamespace(**params.to_config_fields()), training=False)
+        return cab_attention_forward(module, q, keys, v, None, scaling=0.2)[0][:, :112]
+
+    # the document scores future blocks, so earlier queries' block choices depend on later tokens
+    assert not torch.equal(early_outputs("reference", k), early_outputs("reference", late_k))
+    for policy in ("frc", "hybrid", "magnitude"):
+        assert torch.equal(early_outputs(policy, k), early_outputs(policy, late_k))
+
+
+def test_bf16_and_fp16_attention_close_to_fp32():
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 2, 96, 32, generator=g) for _ in range(3))
+    params = CABParams(sparsity=0.6, policy="hybrid", **SMALL)
+    module = SimpleNamespace(config=SimpleNamespace(**params.to_config_fields()), training=False)
+    for dtype in (torch.bfloat16, torch.float16):
+        low = [t.to(dtype) for t in (q, k, v)]
+        keep = select_cab_blocks(*low[:2], params, 0.2)  # the blocks the low-precision run selects
+        expected = dense_masked_attention(*(t.float() for t in low), keep, block_size=16, scaling=0.2)
+        out = cab_attention_forward(module, *low, None, scaling=0.2)[0]
+        assert out.dtype == dtype
+        torch.testing.assert_close(out.float(), expected.transpose(1, 2), atol=3e-2, rtol=3e-2)
+
+
 @pytest.mark.parametrize("build", [gpt2, llama])
 def test_sparsity_zero_equals_sdpa(build):
     ids = tokens(2, 70)

@@ -25,9 +25,17 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..kernels.coarsen import coarsen_max_l2
 from ..validation import check_choice, check_float, check_int
 from .block_sparse import block_sparse_attention
-from .selection import SELECTION_POLICIES, block_scores, causal_block_mask, select_blocks
+from .selection import (
+    SELECTION_POLICIES,
+    block_scores,
+    causal_block_mask,
+    reference_cab_v3_selection,
+    select_blocks,
+)
 
 NAME = "cab"
+#: "reference" runs the research document's own (non-causal) selection, for honest comparisons
+POLICIES = tuple(sorted(p for p in SELECTION_POLICIES if p != "oracle")) + ("reference",)
 BUDGETS = ("row", "global")
 DECODE_MODES = ("sparse", "dense")
 
@@ -54,7 +62,7 @@ class CABParams:
         check_int("cab_block_size", self.block_size, low=16, high=128)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"cab_block_size must be a power of two in [16, 128], got {self.block_size}")
-        check_choice("cab_policy", self.policy, sorted(p for p in SELECTION_POLICIES if p != "oracle"))
+        check_choice("cab_policy", self.policy, POLICIES)
         check_float("cab_lambda", self.lam, low=0.0)
         check_choice("cab_budget", self.budget, BUDGETS)
         check_int("cab_sink_blocks", self.sink_blocks, low=0)
@@ -113,7 +121,8 @@ def cab_attention_forward(
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
     misaligned = n_q > 1 and q_offset % params.block_size  # chunked prefill not on a block boundary
-    if n_k < params.min_seq_len or params.sparsity == 0 or misaligned or (n_q == 1 and params.decode == "dense"):
+    dense_decode = n_q < n_k and (params.decode == "dense" or params.policy == "reference")
+    if n_k < params.min_seq_len or params.sparsity == 0 or misaligned or dense_decode:
         out = _dense_causal(query, key, value, mask, scaling, q_offset, dropout)
     else:
         keep = select_cab_blocks(query, key, params, scaling, q_offset)
@@ -132,7 +141,15 @@ def cab_attention_forward(
 
 
 def select_cab_blocks(query, key, params: CABParams, scaling: float, q_offset: int = 0) -> torch.Tensor:
-    """Coarsen, score and select: the ``(B, H, Mq, Mk)`` bool block mask CAB attends over."""
+    """Coarsen, score and select: the ``(B, H, Mq, Mk)`` bool block mask CAB attends over.
+
+    ``policy="reference"`` (prefill only) is the document's ``run_cab_v3_pipeline`` selection: it scores
+    future blocks and applies causality only afterwards, so an early query's block choice depends on
+    later tokens. We add each row's diagonal block to it (the document does not), so no row is empty.
+    """
+    if params.policy == "reference":
+        keep = reference_cab_v3_selection(query, key, params.sparsity, params.block_size, coarsen_max_l2)
+        return keep | torch.eye(keep.shape[-1], dtype=torch.bool, device=keep.device)
     q_coarse, k_coarse = coarsen_max_l2(query, key, params.block_size)
     causal = causal_block_mask(q_coarse.shape[2], k_coarse.shape[2], q_offset // params.block_size, query.device)
     scores = block_scores(q_coarse, k_coarse, scaling, causal)
