@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 
 import torch
@@ -21,21 +20,8 @@ import torch.nn.functional as F
 
 from hf_icl.attention.block_sparse import block_sparse_attention
 from hf_icl.attention.cab import CABParams, select_cab_blocks
+from hf_icl.benchmarking import emit_markdown, median_seconds
 from hf_icl.kernels.coarsen import coarsen_max_l2
-
-
-def timed(fn, repeats: int, device: str, *inputs) -> float:
-    fn(*inputs)  # warm-up
-    samples = []
-    for _ in range(repeats):
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn(*inputs)
-        if device.startswith("cuda"):
-            torch.cuda.synchronize()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
 
 
 def naive_coarsen(x: torch.Tensor, block_size: int) -> torch.Tensor:
@@ -92,14 +78,14 @@ def main(argv=None) -> str:
             torch.randn(1, args.heads, length, args.head_dim, generator=g, device=args.device).to(dtype)
             for _ in range(3)
         )
-        naive = timed(naive_coarsen_qk, args.repeats, args.device, q, k, args.block_size)
-        fast = timed(coarsen_max_l2, args.repeats, args.device, q, k, args.block_size)
+        naive = median_seconds(naive_coarsen_qk, args.repeats, args.device, q, k, args.block_size)
+        fast = median_seconds(coarsen_max_l2, args.repeats, args.device, q, k, args.block_size)
         lines.append(f"| {length} | {1e3 * naive:.2f} | {1e3 * fast:.2f} | {naive / fast:.1f}× |")
-        dense = timed(dense_causal, args.repeats, args.device, q, k, v)
+        dense = median_seconds(dense_causal, args.repeats, args.device, q, k, v)
         attention_rows.append(f"| {length} | dense SDPA | {1e3 * dense:.1f} | 1.0× |")
         for sparsity in args.sparsities:
             params = CABParams(sparsity=sparsity, block_size=args.block_size, policy=args.policy, min_seq_len=0)
-            sparse = timed(cab_prefill, args.repeats, args.device, q, k, v, params, scaling)
+            sparse = median_seconds(cab_prefill, args.repeats, args.device, q, k, v, params, scaling)
             attention_rows.append(
                 f"| {length} | CAB {args.policy} @ {sparsity:.2f} | {1e3 * sparse:.1f} | {dense / sparse:.2f}× |"
             )
@@ -112,12 +98,7 @@ def main(argv=None) -> str:
         "|---:|---|---:|---:|",
         *attention_rows,
     ]
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.output:
-        with open(args.output, "a") as handle:
-            handle.write("\n" + table)
-    return table
+    return emit_markdown(lines, args.output)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
 import time
 
 import torch
 
+from hf_icl.benchmarking import emit_markdown, median_seconds
 from hf_icl.data.tasks import available_tasks, get_task
 
 # Families whose input dimension is part of their definition.
@@ -26,15 +26,7 @@ def time_family(name: str, args) -> tuple[int, float]:
     def draw():
         family.sample(args.batch_size, args.n_points, generator=generator)
 
-    draw()  # warm-up
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        draw()
-        if args.device.startswith("cuda"):
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return n_dims, statistics.median(times)
+    return n_dims, median_seconds(draw, args.repeats, args.device)
 
 
 def main(argv=None) -> str:
@@ -63,12 +55,7 @@ def main(argv=None) -> str:
     for name in available_tasks():
         n_dims, seconds = time_family(name, args)
         lines.append(f"| {name} | {n_dims} | {1e3 * seconds:.2f} | {args.batch_size / seconds:,.0f} |")
-    table = "\n".join(lines) + "\n"
-    print(table)
-    if args.output:
-        with open(args.output, "a") as handle:
-            handle.write("\n" + table)
-    return table
+    return emit_markdown(lines, args.output)
 
 
 if __name__ == "__main__":
