@@ -1,8 +1,13 @@
-"""Triton kernels (with PyTorch references) for CAB block-sparse attention.
+"""Triton kernels (with PyTorch references and dispatchers) for CAB block-sparse attention.
 
 Importing this package never requires triton: kernels are only defined when it is importable.
 """
 
+from .block_sparse_attention import (
+    block_sparse_attention_forward,
+    block_sparse_attention_reference,
+    block_sparse_attention_triton,
+)
 from .coarsen import (
     coarsen_max_l2,
     coarsen_max_l2_reference,
@@ -10,4 +15,12 @@ from .coarsen import (
     triton_available,
 )
 
-__all__ = ["coarsen_max_l2", "coarsen_max_l2_reference", "coarsen_max_l2_triton", "triton_available"]
+__all__ = [
+    "block_sparse_attention_forward",
+    "block_sparse_attention_reference",
+    "block_sparse_attention_triton",
+    "coarsen_max_l2",
+    "coarsen_max_l2_reference",
+    "coarsen_max_l2_triton",
+    "triton_available",
+]
