@@ -28,14 +28,17 @@ import math
 import torch
 
 from ..attention.block_sparse import block_sparse_attention, selected_block_indices
-from ..validation import check_choice
-
-try:  # triton is optional (absent on macOS / Windows); the reference path never needs it.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the platform
-    triton = None
-    tl = None
+from ._common import (
+    BACKENDS,
+    SUPPORTED_DTYPES,
+    check_attention_tensor,
+    check_kernel_runnable,
+    check_matches_query,
+    is_interpreted,
+    resolve_backend,
+    tl,
+    triton,
+)
 
 __all__ = [
     "BACKENDS",
@@ -47,8 +50,6 @@ __all__ = [
     "block_sparse_attention_triton",
 ]
 
-BACKENDS = ("auto", "triton", "reference")
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 INDEX_DTYPES = (torch.int32, torch.int64)
 BLOCK_SIZES = (16, 32, 64, 128)
 HEAD_DIMS = (32, 64, 128)
@@ -62,25 +63,11 @@ HEAD_DIMS = (32, 64, 128)
 def _validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int) -> None:
     """Raise ``ValueError`` naming the argument, the value and what is allowed (q / k / v, block size, offset)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(x.shape)}")
-        if x.dtype not in SUPPORTED_DTYPES:
-            allowed = [str(d) for d in SUPPORTED_DTYPES]
-            raise ValueError(f"{name}.dtype must be one of {allowed}, got {x.dtype}")
-        if x.shape[2] < 1:
-            raise ValueError(f"{name} must have at least 1 token (dim 2), got shape {tuple(x.shape)}")
-        if x.device != q.device:
-            raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
-        if x.dtype != q.dtype:
-            raise ValueError(f"q.dtype and {name}.dtype must be equal, got {q.dtype} and {x.dtype}")
+        check_attention_tensor(name, x)
+    check_matches_query(q, "k", k)
+    check_matches_query(q, "v", v)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
-    for dim, label in ((0, "batch"), (1, "heads"), (3, "head_dim")):
-        if q.shape[dim] != k.shape[dim]:
-            shapes = f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)}"
-            raise ValueError(f"q and k must have equal {label} (dim {dim}), got {shapes}")
     if q.shape[3] not in HEAD_DIMS:
         raise ValueError(f"head_dim (q.shape[3]) must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in BLOCK_SIZES:
@@ -255,11 +242,6 @@ if triton is not None:
             tl.store(lse + b * ls_b + h * ls_h + rows.to(tl.int64) * ls_n, row_lse, mask=row_ok)
 
 
-def _interpreting() -> bool:
-    """Whether the kernel runs in Triton's CPU interpreter (decided when the kernel was defined, at import)."""
-    return triton is not None and type(_block_sparse_attention_kernel).__name__ == "InterpretedFunction"
-
-
 def block_sparse_attention_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -288,13 +270,7 @@ def block_sparse_attention_triton(
     """
     _validate_qkv(q, k, v, block_size, q_offset)
     _validate_selection(q, k, indices, counts, block_size)
-    if triton is None:
-        raise RuntimeError("block_sparse_attention_triton needs triton, which could not be imported")
-    if not q.is_cuda and not _interpreting():
-        raise RuntimeError(
-            f"block_sparse_attention_triton needs CUDA tensors (got device {q.device}) unless TRITON_INTERPRET=1 "
-            "was set before triton was imported; use backend='reference' on CPU"
-        )
+    check_kernel_runnable(_block_sparse_attention_kernel, q, "block_sparse_attention_triton")
     batch, heads, n_q, head_dim = q.shape
     q_blocks = math.ceil(n_q / block_size)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -323,7 +299,7 @@ def block_sparse_attention_triton(
             BLOCK_M=block_size,
             BLOCK_N=block_size,
             BLOCK_D=head_dim,
-            UPCAST_DOT=_interpreting(),
+            UPCAST_DOT=is_interpreted(_block_sparse_attention_kernel),
             RETURN_LSE=return_lse,
             num_warps=4 if block_size * head_dim <= 64 * 64 else 8,
         )
@@ -384,11 +360,7 @@ def block_sparse_attention_forward(
     otherwise; ``"triton"`` or ``"reference"`` force one. Returns ``out`` (B, H, Nq, D), and the fp32 ``lse``
     (B, H, Nq) when ``return_lse`` is set.
     """
-    check_choice("backend", backend, BACKENDS)
-    if backend == "auto":
-        use_triton = triton is not None and isinstance(q, torch.Tensor) and q.is_cuda
-        backend = "triton" if use_triton else "reference"
-    if backend == "reference":
+    if resolve_backend(backend, q) == "reference":
         return block_sparse_attention_reference(
             q, k, v, keep, block_size=block_size, scaling=scaling, q_offset=q_offset, return_lse=return_lse
         )

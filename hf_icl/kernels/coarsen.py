@@ -22,14 +22,17 @@ import math
 
 import torch
 
-from ..validation import check_choice
-
-try:  # triton is optional (absent on macOS / Windows); the reference path never needs it.
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the platform
-    triton = None
-    tl = None
+from ._common import (
+    BACKENDS,
+    SUPPORTED_DTYPES,
+    check_attention_tensor,
+    check_kernel_runnable,
+    check_matches_query,
+    resolve_backend,
+    tl,
+    triton,
+    triton_available,
+)
 
 __all__ = [
     "BACKENDS",
@@ -40,17 +43,10 @@ __all__ = [
     "triton_available",
 ]
 
-BACKENDS = ("auto", "triton", "reference")
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 BLOCK_SIZES = (16, 32, 64, 128)
 HEAD_DIM_RANGE = (32, 256)
 # Columns loaded per step: keeps a (128, chunk) fp32 tile small enough for registers on GPUs.
 _MAX_D_CHUNK = 64
-
-
-def triton_available() -> bool:
-    """Whether triton could be imported."""
-    return triton is not None
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,24 +56,9 @@ def triton_available() -> bool:
 
 def _validate(q: torch.Tensor, k: torch.Tensor, block_size: int) -> None:
     """Raise ``ValueError`` naming the argument, the value and what is allowed."""
-    for name, x in (("q", q), ("k", k)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dim() != 4:
-            raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(x.shape)}")
-        if x.dtype not in SUPPORTED_DTYPES:
-            allowed = [str(d) for d in SUPPORTED_DTYPES]
-            raise ValueError(f"{name}.dtype must be one of {allowed}, got {x.dtype}")
-        if x.shape[2] < 1:
-            raise ValueError(f"{name} must have at least 1 token (dim 2), got shape {tuple(x.shape)}")
-    if q.dtype != k.dtype:
-        raise ValueError(f"q.dtype and k.dtype must be equal, got q.dtype={q.dtype} and k.dtype={k.dtype}")
-    if q.device != k.device:
-        raise ValueError(f"q and k must be on the same device, got q.device={q.device} and k.device={k.device}")
-    for dim, label in ((0, "batch"), (1, "heads"), (3, "head_dim")):
-        if q.shape[dim] != k.shape[dim]:
-            shapes = f"q.shape={tuple(q.shape)} and k.shape={tuple(k.shape)}"
-            raise ValueError(f"q and k must have equal {label} (dim {dim}), got {shapes}")
+    check_attention_tensor("q", q)
+    check_attention_tensor("k", k)
+    check_matches_query(q, "k", k)
     head_dim = q.shape[3]
     if not HEAD_DIM_RANGE[0] <= head_dim <= HEAD_DIM_RANGE[1]:
         raise ValueError(f"head_dim (q.shape[3]) must be in [{HEAD_DIM_RANGE[0]}, {HEAD_DIM_RANGE[1]}], got {head_dim}")
@@ -254,15 +235,6 @@ if triton is not None:
             )
 
 
-def _interpreting() -> bool:
-    """Whether the kernel runs in Triton's CPU interpreter.
-
-    Triton reads ``TRITON_INTERPRET`` when a kernel is defined (at import of this module), not at launch, so the
-    kernel object's type is what counts; setting the variable later has no effect.
-    """
-    return type(_coarsen_max_l2_kernel).__name__ == "InterpretedFunction"
-
-
 def coarsen_max_l2_triton(q: torch.Tensor, k: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton max-L2 coarsening of ``q`` and ``k`` in one launch; same contract as :func:`coarsen_max_l2_reference`.
 
@@ -270,13 +242,7 @@ def coarsen_max_l2_triton(q: torch.Tensor, k: torch.Tensor, block_size: int) -> 
     in place; the outputs are contiguous.
     """
     _validate(q, k, block_size)
-    if triton is None:
-        raise RuntimeError("coarsen_max_l2_triton needs triton, which could not be imported; use backend='reference'")
-    if not q.is_cuda and not _interpreting():
-        raise RuntimeError(
-            f"coarsen_max_l2_triton needs CUDA tensors (got device {q.device}) unless TRITON_INTERPRET=1 was set "
-            "before triton was imported; use backend='reference' on CPU"
-        )
+    check_kernel_runnable(_coarsen_max_l2_kernel, q, "coarsen_max_l2_triton")
     batch, heads, n_q, head_dim = q.shape
     n_k = k.shape[2]
     q_blocks, k_blocks = math.ceil(n_q / block_size), math.ceil(n_k / block_size)
@@ -323,10 +289,6 @@ def coarsen_max_l2(
     ``backend="auto"`` uses the Triton kernel for CUDA tensors when triton is importable and the PyTorch reference
     otherwise; ``"triton"`` or ``"reference"`` force one. See the module docstring for the selection rules.
     """
-    check_choice("backend", backend, BACKENDS)
-    if backend == "auto":
-        use_triton = triton is not None and isinstance(q, torch.Tensor) and q.is_cuda
-        backend = "triton" if use_triton else "reference"
-    if backend == "triton":
+    if resolve_backend(backend, q) == "triton":
         return coarsen_max_l2_triton(q, k, block_size)
     return coarsen_max_l2_reference(q, k, block_size)

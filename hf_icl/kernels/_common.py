@@ -1,0 +1,74 @@
+"""What every Triton kernel module here shares: the optional triton import, input checks, dispatch."""
+
+from __future__ import annotations
+
+import torch
+
+from ..validation import check_choice
+
+try:  # triton is optional (absent on macOS / Windows); the reference paths never need it.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - depends on the platform
+    triton = None
+    tl = None
+
+BACKENDS = ("auto", "triton", "reference")
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def triton_available() -> bool:
+    """Whether triton could be imported."""
+    return triton is not None
+
+
+def check_attention_tensor(name: str, x) -> None:
+    """``x`` must be a 4-D (batch, heads, tokens, head_dim) tensor of a supported dtype with ≥ 1 token."""
+    if not isinstance(x, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dim() != 4:
+        raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(x.shape)}")
+    if x.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(f"{name}.dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {x.dtype}")
+    if x.shape[2] < 1:
+        raise ValueError(f"{name} must have at least 1 token (dim 2), got shape {tuple(x.shape)}")
+
+
+def check_matches_query(q: torch.Tensor, name: str, x: torch.Tensor) -> None:
+    """``x`` (k or v) must share q's dtype, device, batch, heads and head_dim."""
+    if x.dtype != q.dtype:
+        raise ValueError(f"q.dtype and {name}.dtype must be equal, got q.dtype={q.dtype} and {name}.dtype={x.dtype}")
+    if x.device != q.device:
+        raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
+    for dim, label in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+        if q.shape[dim] != x.shape[dim]:
+            shapes = f"q.shape={tuple(q.shape)} and {name}.shape={tuple(x.shape)}"
+            raise ValueError(f"q and {name} must have equal {label} (dim {dim}), got {shapes}")
+
+
+def resolve_backend(backend: str, q) -> str:
+    """``"auto"`` → the Triton kernel for CUDA tensors when triton is importable, else the PyTorch reference."""
+    check_choice("backend", backend, BACKENDS)
+    if backend != "auto":
+        return backend
+    return "triton" if triton is not None and isinstance(q, torch.Tensor) and q.is_cuda else "reference"
+
+
+def is_interpreted(kernel) -> bool:
+    """Whether ``kernel`` runs in Triton's CPU interpreter.
+
+    Triton reads ``TRITON_INTERPRET`` when a kernel is defined (at import), not at launch, so this is a property
+    of the kernel object: setting the variable later has no effect.
+    """
+    return type(kernel).__name__ == "InterpretedFunction"
+
+
+def check_kernel_runnable(kernel, q: torch.Tensor, entry_point: str) -> None:
+    """Raise ``RuntimeError`` unless ``kernel`` can run on ``q``'s device."""
+    if triton is None:
+        raise RuntimeError(f"{entry_point} needs triton, which could not be imported; use backend='reference'")
+    if not q.is_cuda and not is_interpreted(kernel):
+        raise RuntimeError(
+            f"{entry_point} needs CUDA tensors (got device {q.device}) unless TRITON_INTERPRET=1 was set "
+            "before triton was imported; use backend='reference' on CPU"
+        )
