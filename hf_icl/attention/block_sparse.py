@@ -105,6 +105,13 @@ def _gather_token_mask(
     return mask.gather(4, index).flatten(-2)
 
 
+def token_mask(keep: torch.Tensor, block_size: int, n_q: int, n_k: int, q_offset: int = 0) -> torch.Tensor:
+    """Block selection ``(B, H, Mq, Mk)`` → ``(B, H, Nq, Nk)`` bool: kept block and causal (key ≤ query position)."""
+    kept = keep.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :n_q, :n_k]
+    causal = (q_offset + torch.arange(n_q, device=keep.device))[:, None] >= torch.arange(n_k, device=keep.device)
+    return kept & causal
+
+
 def dense_masked_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -117,10 +124,7 @@ def dense_masked_attention(
     attention_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reference: full N×N attention masked to the same blocks (for tests and small inputs)."""
-    n_q, n_k = query.shape[2], key.shape[2]
-    token_keep = keep.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :n_q, :n_k]
-    causal = (q_offset + torch.arange(n_q, device=query.device))[:, None] >= torch.arange(n_k, device=query.device)
-    allowed = token_keep & causal
+    allowed = token_mask(keep, block_size, query.shape[2], key.shape[2], q_offset)
     if attention_mask is not None:
         allowed = allowed & attention_mask
     scores = (query.float() @ key.float().transpose(-1, -2)) * scaling

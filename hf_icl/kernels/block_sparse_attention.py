@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from ..attention.block_sparse import block_sparse_attention, selected_block_indices
+from ..attention.block_sparse import block_sparse_attention, selected_block_indices, token_mask
 from ._common import (
     BACKENDS,
     SUPPORTED_DTYPES,
@@ -315,11 +315,9 @@ def _reference_lse(
     q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, *, block_size: int, scaling: float, q_offset: int
 ) -> torch.Tensor:
     """Plain masked ``logsumexp`` (B, H, Nq) fp32 over the kept blocks and the causal mask (dense, O(Nq * Nk))."""
-    n_q, n_k = q.shape[2], k.shape[2]
-    token_keep = keep.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :n_q, :n_k]
-    causal = (q_offset + torch.arange(n_q, device=q.device))[:, None] >= torch.arange(n_k, device=q.device)
+    allowed = token_mask(keep, block_size, q.shape[2], k.shape[2], q_offset)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scaling
-    return torch.logsumexp(scores.masked_fill(~(token_keep & causal), float("-inf")), dim=-1)
+    return torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)
 
 
 def block_sparse_attention_reference(
