@@ -5,6 +5,11 @@ blocks with a policy (FRC, magnitude, hybrid, …) at the configured sparsity, t
 softmax attention over the selected key blocks only. Hyperparameters live on ``model.config``
 as ``cab_*`` fields, so they survive ``save_pretrained``.
 
+On CUDA (``cab_backend="auto"``) the sparse attention runs the Triton kernels: the flash-style
+prefill kernel with its backward (so CAB can be fine-tuned) and the split-K decode kernel. The
+PyTorch path (gathered blocks + SDPA) serves CPU tensors, attention dropout, head dims the kernels
+do not cover and masks other than causal + key padding.
+
     >>> import hf_icl                                   # registers "cab"
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2))
@@ -22,6 +27,10 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from ..kernels._common import BACKENDS, resolve_backend
+from ..kernels.block_sparse_attention import HEAD_DIMS, expand_kv
+from ..kernels.block_sparse_backward import block_sparse_flash_attention
+from ..kernels.block_sparse_decode import block_sparse_decode
 from ..kernels.coarsen import coarsen_max_l2
 from ..validation import check_choice, check_float, check_int
 from .block_sparse import block_sparse_attention
@@ -53,6 +62,7 @@ class CABParams:
     min_seq_len: int = 1024
     decode: str = "sparse"
     magnitude_fraction: float = 0.5
+    backend: str = "auto"
 
     def __post_init__(self):
         if check_float("cab_sparsity", self.sparsity, low=0.0) >= 1:
@@ -69,6 +79,7 @@ class CABParams:
         check_int("cab_min_seq_len", self.min_seq_len, low=0)
         check_choice("cab_decode", self.decode, DECODE_MODES)
         check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
+        check_choice("cab_backend", self.backend, BACKENDS)
 
     @classmethod
     def from_config(cls, config) -> CABParams:
@@ -114,30 +125,73 @@ def cab_attention_forward(
     params = CABParams.from_config(module.config)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     dropout = dropout if module.training else 0.0
-    if key.shape[1] != query.shape[1]:  # grouped-query attention: share each K/V head
-        repeats = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(repeats, dim=1), value.repeat_interleave(repeats, dim=1)
     n_q, n_k = query.shape[2], key.shape[2]
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
     misaligned = n_q > 1 and q_offset % params.block_size  # chunked prefill not on a block boundary
     dense_decode = n_q < n_k and (params.decode == "dense" or params.policy == "reference")
     if n_k < params.min_seq_len or params.sparsity == 0 or misaligned or dense_decode:
-        out = _dense_causal(query, key, value, mask, scaling, q_offset, dropout)
+        out = _dense_causal(
+            query, expand_kv(key, query.shape[1]), expand_kv(value, query.shape[1]), mask, scaling, q_offset, dropout
+        )
+        return out.transpose(1, 2).contiguous(), None
+    keep = select_cab_blocks(query, key, params, scaling, q_offset)
+    sparse = {"block_size": params.block_size, "scaling": scaling, "q_offset": q_offset}
+    key_padding = _kernel_key_padding(query, mask, params.backend, dropout, q_offset)
+    if key_padding is not _NO_KERNEL:
+        if n_q == 1:
+            out = block_sparse_decode(query, key, value, keep, key_padding_mask=key_padding, backend="triton", **sparse)
+        else:
+            out = block_sparse_flash_attention(
+                query, key, value, keep, key_padding_mask=key_padding, backend="triton", **sparse
+            )
     else:
-        keep = select_cab_blocks(query, key, params, scaling, q_offset)
+        heads = query.shape[1]
         out = block_sparse_attention(
-            query,
-            key,
-            value,
-            keep,
-            block_size=params.block_size,
-            scaling=scaling,
-            q_offset=q_offset,
-            attention_mask=mask,
-            dropout=dropout,
+            query, expand_kv(key, heads), expand_kv(value, heads), keep, attention_mask=mask, dropout=dropout, **sparse
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+#: returned by :func:`_kernel_key_padding` when the PyTorch path must run
+_NO_KERNEL = object()
+
+
+def _kernel_key_padding(query: torch.Tensor, mask: torch.Tensor | None, backend: str, dropout: float, q_offset: int):
+    """The kernels' ``(B, Nk)`` key padding mask (None: no padding), or ``_NO_KERNEL`` to take the PyTorch path.
+
+    ``backend="auto"`` takes the kernels when they can run this call exactly; ``"triton"`` insists and raises a
+    ``ValueError`` naming what stands in the way.
+    """
+    if resolve_backend(backend, query) == "reference":
+        return _NO_KERNEL
+    reason = None
+    if dropout:
+        reason = f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
+    elif query.shape[-1] not in HEAD_DIMS:
+        reason = f"head_dim must be one of {list(HEAD_DIMS)}, got {query.shape[-1]}"
+    key_padding = None if mask is None or reason else _key_padding_from_mask(mask, q_offset)
+    if key_padding is _NO_KERNEL:
+        reason = "the attention mask is not causal + key padding (e.g. a sliding window or a custom 4-D mask)"
+    if reason is None:
+        return key_padding
+    if backend == "triton":
+        raise ValueError(f"cab_backend='triton' cannot run this call: {reason}")
+    return _NO_KERNEL
+
+
+def _key_padding_from_mask(mask: torch.Tensor, q_offset: int):
+    """A causal + key-padding bool ``(B, 1|H, Nq, Nk)`` mask → its ``(B, Nk)`` key mask; else ``_NO_KERNEL``.
+
+    The last query row sees every key up to the newest, so it *is* the key mask; the whole mask must then equal
+    causality & that row (one pass over a mask transformers has already materialised).
+    """
+    n_q, n_k = mask.shape[-2:]
+    key_valid = mask[:, 0, -1, :]
+    causal = (q_offset + torch.arange(n_q, device=mask.device))[:, None] >= torch.arange(n_k, device=mask.device)
+    if not torch.equal(mask, (causal & key_valid[:, None, None, :]).expand(mask.shape)):
+        return _NO_KERNEL
+    return key_valid
 
 
 def select_cab_blocks(query, key, params: CABParams, scaling: float, q_offset: int = 0) -> torch.Tensor:
@@ -147,6 +201,7 @@ def select_cab_blocks(query, key, params: CABParams, scaling: float, q_offset: i
     future blocks and applies causality only afterwards, so an early query's block choice depends on
     later tokens. We add each row's diagonal block to it (the document does not), so no row is empty.
     """
+    key = expand_kv(key, query.shape[1])  # grouped-query attention: each query head scores its KV head
     if params.policy == "reference":
         keep = reference_cab_v3_selection(query, key, params.sparsity, params.block_size, coarsen_max_l2)
         return keep | torch.eye(keep.shape[-1], dtype=torch.bool, device=keep.device)
@@ -178,7 +233,7 @@ def enable_cab(model, **hyperparameters):
 
     Keyword arguments are the ``cab_*`` fields without the prefix (``sparsity``, ``block_size``,
     ``policy``, ``lam``, ``budget``, ``sink_blocks``, ``min_seq_len``, ``decode``,
-    ``magnitude_fraction``); they are validated and stored on ``model.config``.
+    ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``.
     """
     current = CABParams.from_config(model.config)
     params = CABParams(**{**asdict(current), **hyperparameters})

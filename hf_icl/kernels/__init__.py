@@ -8,6 +8,8 @@ from .block_sparse_attention import (
     block_sparse_attention_reference,
     block_sparse_attention_triton,
 )
+from .block_sparse_backward import block_sparse_attention_backward_triton, block_sparse_flash_attention
+from .block_sparse_decode import block_sparse_decode, block_sparse_decode_reference, block_sparse_decode_triton
 from .coarsen import (
     coarsen_max_l2,
     coarsen_max_l2_reference,
@@ -16,9 +18,14 @@ from .coarsen import (
 )
 
 __all__ = [
+    "block_sparse_attention_backward_triton",
     "block_sparse_attention_forward",
     "block_sparse_attention_reference",
     "block_sparse_attention_triton",
+    "block_sparse_decode",
+    "block_sparse_decode_reference",
+    "block_sparse_decode_triton",
+    "block_sparse_flash_attention",
     "coarsen_max_l2",
     "coarsen_max_l2_reference",
     "coarsen_max_l2_triton",

@@ -34,16 +34,38 @@ def check_attention_tensor(name: str, x) -> None:
         raise ValueError(f"{name} must have at least 1 token (dim 2), got shape {tuple(x.shape)}")
 
 
-def check_matches_query(q: torch.Tensor, name: str, x: torch.Tensor) -> None:
-    """``x`` (k or v) must share q's dtype, device, batch, heads and head_dim."""
+def check_matches_query(q: torch.Tensor, name: str, x: torch.Tensor, *, grouped: bool = False) -> None:
+    """``x`` (k or v) must share q's dtype, device, batch, heads and head_dim.
+
+    With ``grouped`` (grouped-query attention) x may have fewer heads, as long as they divide q's heads.
+    """
     if x.dtype != q.dtype:
         raise ValueError(f"q.dtype and {name}.dtype must be equal, got q.dtype={q.dtype} and {name}.dtype={x.dtype}")
     if x.device != q.device:
         raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
-    for dim, label in ((0, "batch"), (1, "heads"), (3, "head_dim")):
+    shapes = f"q.shape={tuple(q.shape)} and {name}.shape={tuple(x.shape)}"
+    for dim, label in ((0, "batch"), (3, "head_dim")) if grouped else ((0, "batch"), (1, "heads"), (3, "head_dim")):
         if q.shape[dim] != x.shape[dim]:
-            shapes = f"q.shape={tuple(q.shape)} and {name}.shape={tuple(x.shape)}"
             raise ValueError(f"q and {name} must have equal {label} (dim {dim}), got {shapes}")
+    if grouped and q.shape[1] % x.shape[1]:
+        raise ValueError(f"{name}'s heads (dim 1) must divide q's heads (grouped-query attention), got {shapes}")
+
+
+def check_key_padding_mask(key_padding_mask, q: torch.Tensor, k: torch.Tensor) -> None:
+    """``key_padding_mask`` is None or a bool ``(B, Nk)`` tensor on q's device, True = a real (attendable) key."""
+    if key_padding_mask is None:
+        return
+    if not isinstance(key_padding_mask, torch.Tensor):
+        raise ValueError(f"key_padding_mask must be a torch.Tensor or None, got {type(key_padding_mask).__name__}")
+    if key_padding_mask.dtype != torch.bool:
+        raise ValueError(f"key_padding_mask.dtype must be torch.bool, got {key_padding_mask.dtype}")
+    if key_padding_mask.device != q.device:
+        raise ValueError(
+            f"q and key_padding_mask must be on the same device, got {q.device} and {key_padding_mask.device}"
+        )
+    expected = (k.shape[0], k.shape[2])
+    if tuple(key_padding_mask.shape) != expected:
+        raise ValueError(f"key_padding_mask must have shape (B, Nk)={expected}, got {tuple(key_padding_mask.shape)}")
 
 
 def resolve_backend(backend: str, q) -> str:

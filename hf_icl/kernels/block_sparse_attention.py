@@ -11,7 +11,9 @@ Rules shared with the PyTorch reference (:func:`hf_icl.attention.block_sparse.bl
   ``block_size`` unless ``Nq == 1`` (decode, any offset);
 * token-level causality: a key at a position after the query's position is masked (this only bites in the diagonal
   block, but is applied to every block); key rows past ``Nk`` are masked;
-* scores, softmax statistics and the accumulator are float32 whatever the input dtype.
+* scores, softmax statistics and the accumulator are float32 whatever the input dtype;
+* an optional ``key_padding_mask (B, Nk)`` (True = real key) masks padded keys for every query;
+* grouped-query attention: ``k`` / ``v`` may have ``H / g`` heads, query head ``h`` reading KV head ``h // g``.
 
 A query row that can see no key at all (only possible when its selection misses every past block) gets zeros and
 ``lse = -inf``, never NaN.
@@ -33,6 +35,7 @@ from ._common import (
     SUPPORTED_DTYPES,
     check_attention_tensor,
     check_kernel_runnable,
+    check_key_padding_mask,
     check_matches_query,
     is_interpreted,
     resolve_backend,
@@ -60,12 +63,12 @@ HEAD_DIMS = (32, 64, 128)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int) -> None:
+def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int) -> None:
     """Raise ``ValueError`` naming the argument, the value and what is allowed (q / k / v, block size, offset)."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_attention_tensor(name, x)
-    check_matches_query(q, "k", k)
-    check_matches_query(q, "v", v)
+    check_matches_query(q, "k", k, grouped=True)
+    check_matches_query(q, "v", v, grouped=True)
     if k.shape != v.shape:
         raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
     if q.shape[3] not in HEAD_DIMS:
@@ -81,15 +84,25 @@ def _validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size:
         )
 
 
-def _validate_selection(
-    q: torch.Tensor, k: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, block_size: int
+def validate_selection(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    block_size: int,
+    *,
+    min_count: int = 1,
+    transposed: bool = False,
 ) -> None:
     """Check ``indices (B, H, Mq, K)`` and ``counts (B, H, Mq)`` against ``q`` / ``k`` (shapes, dtypes, values).
 
-    The value checks (``1 <= counts <= K``, ``0 <= indices < Mk``) read the tensors, one device sync each.
+    ``transposed`` checks the backward's key-major layout instead: ``(B, H, Mk, K)`` query-block ids per key block.
+    The value checks (``min_count <= counts <= K``, ids in range) read the tensors, one device sync each.
     """
     batch, heads, n_q, _ = q.shape
     q_blocks, k_blocks = math.ceil(n_q / block_size), math.ceil(k.shape[2] / block_size)
+    if transposed:
+        q_blocks, k_blocks = k_blocks, q_blocks
     for name, x, rank in (("indices", indices, 4), ("counts", counts, 3)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -99,21 +112,25 @@ def _validate_selection(
             raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
         expected = (batch, heads, q_blocks)
         if x.dim() != rank or tuple(x.shape[:3]) != expected:
-            shape = "(B, H, Mq, K)" if rank == 4 else "(B, H, Mq)"
-            raise ValueError(f"{name} must have shape {shape} with (B, H, Mq)={expected}, got {tuple(x.shape)}")
+            rows = "Mk" if transposed else "Mq"
+            shape = f"(B, H, {rows}, K)" if rank == 4 else f"(B, H, {rows})"
+            raise ValueError(f"{name} must have shape {shape} with (B, H, {rows})={expected}, got {tuple(x.shape)}")
     width = indices.shape[3]
     if width < 1:
         raise ValueError(f"indices must list at least one key block (K >= 1), got shape {tuple(indices.shape)}")
-    if counts.numel() and (int(counts.min()) < 1 or int(counts.max()) > width):
-        raise ValueError(f"counts must be in [1, K={width}], got values in [{int(counts.min())}, {int(counts.max())}]")
-    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= k_blocks):
+    if counts.numel() and (int(counts.min()) < min_count or int(counts.max()) > width):
         raise ValueError(
-            f"indices must be key-block ids in [0, Mk={k_blocks}), got values in "
+            f"counts must be in [{min_count}, K={width}], got values in [{int(counts.min())}, {int(counts.max())}]"
+        )
+    if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= k_blocks):
+        kind, bound = ("query", "Mq") if transposed else ("key", "Mk")
+        raise ValueError(
+            f"indices must be {kind}-block ids in [0, {bound}={k_blocks}), got values in "
             f"[{int(indices.min())}, {int(indices.max())}]"
         )
 
 
-def _validate_keep(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, block_size: int) -> None:
+def validate_keep(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, block_size: int) -> None:
     """Check the bool block mask ``keep (B, H, Mq, Mk)``; every query block must keep at least one key block."""
     if not isinstance(keep, torch.Tensor):
         raise ValueError(f"keep must be a torch.Tensor, got {type(keep).__name__}")
@@ -143,7 +160,9 @@ if triton is not None:
         lse,
         indices,
         counts,
+        key_valid,
         heads,
+        kv_group,
         n_q,
         n_k,
         q_offset,
@@ -174,11 +193,14 @@ if triton is not None:
         cs_b,
         cs_h,
         cs_m,
+        kvs_b,
+        kvs_n,
         BLOCK_M: tl.constexpr,
         BLOCK_N: tl.constexpr,
         BLOCK_D: tl.constexpr,
         UPCAST_DOT: tl.constexpr,
         RETURN_LSE: tl.constexpr,
+        HAS_KEY_MASK: tl.constexpr,
     ):
         """One program per (query block, batch * head): online softmax over the selected key blocks."""
         blk = tl.program_id(0)
@@ -201,14 +223,16 @@ if triton is not None:
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
         acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
 
-        k_base = k + b * ks_b + h * ks_h
-        v_base = v + b * vs_b + h * vs_h
+        k_base = k + b * ks_b + (h // kv_group) * ks_h
+        v_base = v + b * vs_b + (h // kv_group) * vs_h
         sel_base = indices + b * is_b + h * is_h + blk.to(tl.int64) * is_m
         count = tl.load(counts + b * cs_b + h * cs_h + blk.to(tl.int64) * cs_m)
         for j in range(count):
             kb = tl.load(sel_base + j * is_k)
             k_idx = kb * BLOCK_N + key_rows  # absolute key positions of this block
             k_ok = (k_idx >= 0) & (k_idx < n_k)
+            if HAS_KEY_MASK:
+                k_ok = k_ok & (tl.load(key_valid + b * kvs_b + k_idx.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
             k_off = k_idx.to(tl.int64)[:, None]
             k_tile = tl.load(k_base + k_off * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0)
             v_tile = tl.load(v_base + k_off * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0)
@@ -253,8 +277,9 @@ def block_sparse_attention_triton(
     scaling: float,
     q_offset: int = 0,
     return_lse: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Triton block-sparse causal attention of ``q (B, H, Nq, D)`` over ``k`` / ``v (B, H, Nk, D)``.
+    """Triton block-sparse causal attention of ``q (B, H, Nq, D)`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
     Args:
         indices: ``(B, H, Mq, K)`` int32 / int64 key-block ids per query block, ascending; the first
@@ -264,13 +289,16 @@ def block_sparse_attention_triton(
         scaling: softmax scale applied to ``q @ k^T``.
         q_offset: absolute position of query 0 (a multiple of ``block_size`` unless ``Nq == 1``).
         return_lse: also return the float32 log-sum-exp ``(B, H, Nq)`` of the scaled, masked scores.
+        key_padding_mask: optional bool ``(B, Nk)``, False for padded keys (masked for every query).
 
     Returns the ``(B, H, Nq, D)`` output in the input dtype (contiguous), and ``lse`` if asked. Runs on CUDA
     tensors, or on CPU tensors under ``TRITON_INTERPRET=1``; strided inputs are read in place.
     """
-    _validate_qkv(q, k, v, block_size, q_offset)
-    _validate_selection(q, k, indices, counts, block_size)
+    validate_qkv(q, k, v, block_size, q_offset)
+    validate_selection(q, k, indices, counts, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_attention_kernel, q, "block_sparse_attention_triton")
+    key_valid = _key_valid_tensor(key_padding_mask, q)
     batch, heads, n_q, head_dim = q.shape
     q_blocks = math.ceil(n_q / block_size)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -284,7 +312,9 @@ def block_sparse_attention_triton(
             lse,
             indices,
             counts,
+            key_valid,
             heads,
+            heads // k.shape[1],
             n_q,
             k.shape[2],
             q_offset,
@@ -296,14 +326,38 @@ def block_sparse_attention_triton(
             *lse.stride(),
             *indices.stride(),
             *counts.stride(),
+            *key_valid.stride(),
             BLOCK_M=block_size,
             BLOCK_N=block_size,
             BLOCK_D=head_dim,
             UPCAST_DOT=is_interpreted(_block_sparse_attention_kernel),
             RETURN_LSE=return_lse,
-            num_warps=4 if block_size * head_dim <= 64 * 64 else 8,
+            HAS_KEY_MASK=key_padding_mask is not None,
+            num_warps=num_warps(block_size, head_dim),
         )
     return (out, lse) if return_lse else out
+
+
+def num_warps(block_size: int, head_dim: int) -> int:
+    """Warps per program: 4 for tiles up to 64 × 64, 8 above (more registers for the larger accumulators)."""
+    return 4 if block_size * head_dim <= 64 * 64 else 8
+
+
+def _key_valid_tensor(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The kernel's int8 ``(B, Nk)`` key-validity operand; a 1 × 1 placeholder when there is no mask (unread)."""
+    if key_padding_mask is None:
+        return torch.ones(1, 1, dtype=torch.int8, device=q.device)
+    return key_padding_mask.to(torch.int8)
+
+
+def padding_attention_mask(key_padding_mask: torch.Tensor | None, n_q: int) -> torch.Tensor | None:
+    """``(B, Nk)`` key padding → the reference's bool ``(B, 1, Nq, Nk)`` attention mask (the same for every query)."""
+    return None if key_padding_mask is None else key_padding_mask[:, None, None, :].expand(-1, 1, n_q, -1)
+
+
+def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """Grouped-query K / V ``(B, H / g, N, D)`` → ``(B, H, N, D)`` by repeating each KV head g times (references)."""
+    return x if x.shape[1] == heads else x.repeat_interleave(heads // x.shape[1], dim=1)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -312,11 +366,20 @@ def block_sparse_attention_triton(
 
 
 def _reference_lse(
-    q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, *, block_size: int, scaling: float, q_offset: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Plain masked ``logsumexp`` (B, H, Nq) fp32 over the kept blocks and the causal mask (dense, O(Nq * Nk))."""
     allowed = token_mask(keep, block_size, q.shape[2], k.shape[2], q_offset)
-    scores = (q.float() @ k.float().transpose(-1, -2)) * scaling
+    if key_padding_mask is not None:
+        allowed = allowed & padding_attention_mask(key_padding_mask, q.shape[2])
+    scores = (q.float() @ expand_kv(k, q.shape[1]).float().transpose(-1, -2)) * scaling
     return torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)
 
 
@@ -330,14 +393,29 @@ def block_sparse_attention_reference(
     scaling: float,
     q_offset: int = 0,
     return_lse: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PyTorch path: :func:`hf_icl.attention.block_sparse.block_sparse_attention`, plus a dense masked lse."""
-    _validate_qkv(q, k, v, block_size, q_offset)
-    _validate_keep(q, k, keep, block_size)
-    out = block_sparse_attention(q, k, v, keep, block_size=block_size, scaling=scaling, q_offset=q_offset)
+    validate_qkv(q, k, v, block_size, q_offset)
+    validate_keep(q, k, keep, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)
+    heads = q.shape[1]
+    out = block_sparse_attention(
+        q,
+        expand_kv(k, heads),
+        expand_kv(v, heads),
+        keep,
+        block_size=block_size,
+        scaling=scaling,
+        q_offset=q_offset,
+        attention_mask=padding_attention_mask(key_padding_mask, q.shape[2]),
+    )
     if not return_lse:
         return out
-    return out, _reference_lse(q, k, keep, block_size=block_size, scaling=scaling, q_offset=q_offset)
+    lse = _reference_lse(
+        q, k, keep, block_size=block_size, scaling=scaling, q_offset=q_offset, key_padding_mask=key_padding_mask
+    )
+    return out, lse
 
 
 def block_sparse_attention_forward(
@@ -350,29 +428,20 @@ def block_sparse_attention_forward(
     scaling: float,
     q_offset: int = 0,
     return_lse: bool = False,
+    key_padding_mask: torch.Tensor | None = None,
     backend: str = "auto",
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse causal attention selected by the bool block mask ``keep (B, H, Mq, Mk)``.
 
     ``backend="auto"`` runs the Triton kernel on CUDA tensors when triton is importable and the PyTorch reference
     otherwise; ``"triton"`` or ``"reference"`` force one. Returns ``out`` (B, H, Nq, D), and the fp32 ``lse``
-    (B, H, Nq) when ``return_lse`` is set.
+    (B, H, Nq) when ``return_lse`` is set. Not differentiable through the kernel: training goes through
+    :func:`hf_icl.kernels.block_sparse_backward.block_sparse_flash_attention`.
     """
+    kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     if resolve_backend(backend, q) == "reference":
-        return block_sparse_attention_reference(
-            q, k, v, keep, block_size=block_size, scaling=scaling, q_offset=q_offset, return_lse=return_lse
-        )
-    _validate_qkv(q, k, v, block_size, q_offset)
-    _validate_keep(q, k, keep, block_size)
+        return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
+    validate_qkv(q, k, v, block_size, q_offset)
+    validate_keep(q, k, keep, block_size)
     indices, valid = selected_block_indices(keep)
-    return block_sparse_attention_triton(
-        q,
-        k,
-        v,
-        indices,
-        valid.sum(-1),
-        block_size=block_size,
-        scaling=scaling,
-        q_offset=q_offset,
-        return_lse=return_lse,
-    )
+    return block_sparse_attention_triton(q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, **kwargs)
