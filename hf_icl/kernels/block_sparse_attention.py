@@ -90,19 +90,13 @@ def validate_selection(
     indices: torch.Tensor,
     counts: torch.Tensor,
     block_size: int,
-    *,
-    min_count: int = 1,
-    transposed: bool = False,
 ) -> None:
     """Check ``indices (B, H, Mq, K)`` and ``counts (B, H, Mq)`` against ``q`` / ``k`` (shapes, dtypes, values).
 
-    ``transposed`` checks the backward's key-major layout instead: ``(B, H, Mk, K)`` query-block ids per key block.
-    The value checks (``min_count <= counts <= K``, ids in range) read the tensors, one device sync each.
+    The value checks (``1 <= counts <= K``, ``0 <= indices < Mk``) read the tensors, one device sync each.
     """
     batch, heads, n_q, _ = q.shape
     q_blocks, k_blocks = math.ceil(n_q / block_size), math.ceil(k.shape[2] / block_size)
-    if transposed:
-        q_blocks, k_blocks = k_blocks, q_blocks
     for name, x, rank in (("indices", indices, 4), ("counts", counts, 3)):
         if not isinstance(x, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
@@ -112,20 +106,16 @@ def validate_selection(
             raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
         expected = (batch, heads, q_blocks)
         if x.dim() != rank or tuple(x.shape[:3]) != expected:
-            rows = "Mk" if transposed else "Mq"
-            shape = f"(B, H, {rows}, K)" if rank == 4 else f"(B, H, {rows})"
-            raise ValueError(f"{name} must have shape {shape} with (B, H, {rows})={expected}, got {tuple(x.shape)}")
+            shape = "(B, H, Mq, K)" if rank == 4 else "(B, H, Mq)"
+            raise ValueError(f"{name} must have shape {shape} with (B, H, Mq)={expected}, got {tuple(x.shape)}")
     width = indices.shape[3]
     if width < 1:
         raise ValueError(f"indices must list at least one key block (K >= 1), got shape {tuple(indices.shape)}")
-    if counts.numel() and (int(counts.min()) < min_count or int(counts.max()) > width):
-        raise ValueError(
-            f"counts must be in [{min_count}, K={width}], got values in [{int(counts.min())}, {int(counts.max())}]"
-        )
+    if counts.numel() and (int(counts.min()) < 1 or int(counts.max()) > width):
+        raise ValueError(f"counts must be in [1, K={width}], got values in [{int(counts.min())}, {int(counts.max())}]")
     if indices.numel() and (int(indices.min()) < 0 or int(indices.max()) >= k_blocks):
-        kind, bound = ("query", "Mq") if transposed else ("key", "Mk")
         raise ValueError(
-            f"indices must be {kind}-block ids in [0, {bound}={k_blocks}), got values in "
+            f"indices must be key-block ids in [0, Mk={k_blocks}), got values in "
             f"[{int(indices.min())}, {int(indices.max())}]"
         )
 
@@ -278,6 +268,7 @@ def block_sparse_attention_triton(
     q_offset: int = 0,
     return_lse: bool = False,
     key_padding_mask: torch.Tensor | None = None,
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Triton block-sparse causal attention of ``q (B, H, Nq, D)`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
@@ -290,13 +281,16 @@ def block_sparse_attention_triton(
         q_offset: absolute position of query 0 (a multiple of ``block_size`` unless ``Nq == 1``).
         return_lse: also return the float32 log-sum-exp ``(B, H, Nq)`` of the scaled, masked scores.
         key_padding_mask: optional bool ``(B, Nk)``, False for padded keys (masked for every query).
+        validate: check the inputs first; ``False`` skips the checks and their device syncs, for selections made by
+            :func:`~hf_icl.attention.block_sparse.selected_block_indices` (valid by construction).
 
     Returns the ``(B, H, Nq, D)`` output in the input dtype (contiguous), and ``lse`` if asked. Runs on CUDA
     tensors, or on CPU tensors under ``TRITON_INTERPRET=1``; strided inputs are read in place.
     """
-    validate_qkv(q, k, v, block_size, q_offset)
-    validate_selection(q, k, indices, counts, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
+    if validate:
+        validate_qkv(q, k, v, block_size, q_offset)
+        validate_selection(q, k, indices, counts, block_size)
+        check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_attention_kernel, q, "block_sparse_attention_triton")
     key_valid = _key_valid_tensor(key_padding_mask, q)
     batch, heads, n_q, head_dim = q.shape
@@ -444,4 +438,6 @@ def block_sparse_attention_forward(
     validate_qkv(q, k, v, block_size, q_offset)
     validate_keep(q, k, keep, block_size)
     indices, valid = selected_block_indices(keep)
-    return block_sparse_attention_triton(q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, **kwargs)
+    return block_sparse_attention_triton(
+        q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs
+    )

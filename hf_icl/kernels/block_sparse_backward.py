@@ -30,7 +30,6 @@ from .block_sparse_attention import (
     num_warps,
     validate_keep,
     validate_qkv,
-    validate_selection,
 )
 
 __all__ = ["block_sparse_attention_backward_triton", "block_sparse_flash_attention"]
@@ -181,6 +180,25 @@ if triton is not None:
         tl.store(dv + ptrs, dv_acc.to(dv.dtype.element_ty), mask=store_ok)
 
 
+def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask) -> None:
+    validate_qkv(q, k, v, block_size, q_offset)
+    validate_keep(q, k, keep, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)
+    for name, x, shape, dtype in (
+        ("out", out, q.shape, q.dtype),
+        ("dout", dout, q.shape, q.dtype),
+        ("lse", lse, q.shape[:3], torch.float32),
+    ):
+        if (
+            not isinstance(x, torch.Tensor)
+            or tuple(x.shape) != tuple(shape)
+            or x.dtype != dtype
+            or x.device != q.device
+        ):
+            got = f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {q.device}, got {got}")
+
+
 def block_sparse_attention_backward_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -194,27 +212,19 @@ def block_sparse_attention_backward_triton(
     scaling: float,
     q_offset: int = 0,
     key_padding_mask: torch.Tensor | None = None,
+    validate: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Gradients ``(dq, dk, dv)`` of block-sparse attention given the forward's ``out`` and fp32 ``lse``.
 
     ``keep (B, H, Mq, Mk)`` is the block selection the forward used; ``dout`` is the gradient of ``out``. dk / dv
     have k's shape (``H / g`` heads under grouped-query attention) and every gradient has the input dtype.
+    ``validate=False`` skips the input checks (the autograd op has made them in the forward).
     """
-    validate_qkv(q, k, v, block_size, q_offset)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
-    for name, x, shape, dtype in (("out", out, q.shape, q.dtype), ("dout", dout, q.shape, q.dtype)) + (
-        ("lse", lse, q.shape[:3], torch.float32),
-    ):
-        if tuple(x.shape) != tuple(shape) or x.dtype != dtype or x.device != q.device:
-            raise ValueError(
-                f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {q.device}, "
-                f"got {x.dtype} {tuple(x.shape)} on {x.device}"
-            )
+    if validate:
+        _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask)
     check_kernel_runnable(_block_sparse_dq_kernel, q, "block_sparse_attention_backward_triton")
     indices, valid = selected_block_indices(keep)
-    t_indices, t_valid = selected_block_indices(keep.transpose(-1, -2))
-    validate_selection(q, k, t_indices, t_valid.sum(-1), block_size, min_count=0, transposed=True)
+    t_indices, t_valid = selected_block_indices(keep.transpose(-1, -2))  # query blocks that kept each key block
 
     batch, heads, n_q, head_dim = q.shape
     n_k, kv_group = k.shape[2], heads // k.shape[1]
@@ -295,6 +305,7 @@ class _BlockSparseFlashAttention(torch.autograd.Function):
             q_offset=q_offset,
             return_lse=True,
             key_padding_mask=key_padding_mask,
+            validate=False,  # checked by block_sparse_flash_attention
         )
         ctx.save_for_backward(q, k, v, out, lse, keep, key_padding_mask)
         ctx.settings = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset}
@@ -304,7 +315,7 @@ class _BlockSparseFlashAttention(torch.autograd.Function):
     def backward(ctx, dout):
         q, k, v, out, lse, keep, key_padding_mask = ctx.saved_tensors
         dq, dk, dv = block_sparse_attention_backward_triton(
-            q, k, v, out, lse, dout, keep, key_padding_mask=key_padding_mask, **ctx.settings
+            q, k, v, out, lse, dout.to(q.dtype), keep, key_padding_mask=key_padding_mask, validate=False, **ctx.settings
         )
         return dq, dk, dv, None, None, None, None, None
 

@@ -156,18 +156,21 @@ def block_sparse_decode_triton(
     key_padding_mask: torch.Tensor | None = None,
     blocks_per_split: int | None = None,
     return_lse: bool = False,
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Split-K decode of ``q (B, H, 1, D)`` at absolute position ``q_offset`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
     ``indices (B, H, 1, K)`` / ``counts (B, H, 1)`` list each head's cache blocks (the selection layout);
-    ``blocks_per_split`` (default: :func:`plan_splits`) sets how many blocks one program reads. Returns ``out``
+    ``blocks_per_split`` (default: :func:`plan_splits`) sets how many blocks one program reads. ``validate=False``
+    skips the input checks (and their device syncs) for selections valid by construction. Returns ``out``
     (B, H, 1, D) in q's dtype, and the fp32 ``lse`` (B, H, 1) if asked.
     """
-    if q.dim() == 4 and q.shape[2] != 1:
-        raise ValueError(f"q must hold exactly one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
-    validate_qkv(q, k, v, block_size, q_offset)
-    validate_selection(q, k, indices, counts, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
+    if validate:
+        if q.dim() == 4 and q.shape[2] != 1:
+            raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
+        validate_qkv(q, k, v, block_size, q_offset)
+        validate_selection(q, k, indices, counts, block_size)
+        check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_decode_kernel, q, "block_sparse_decode_triton")
     batch, heads, _, head_dim = q.shape
     width = indices.shape[-1]
@@ -265,4 +268,8 @@ def block_sparse_decode(
     validate_qkv(q, k, v, block_size, q_offset)
     validate_keep(q, k, keep, block_size)
     indices, valid = selected_block_indices(keep)
-    return block_sparse_decode_triton(q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, **kwargs)
+    if q.shape[2] != 1:
+        raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
+    return block_sparse_decode_triton(
+        q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs
+    )
