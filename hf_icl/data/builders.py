@@ -13,6 +13,8 @@ Example::
     builder.download_and_prepare()
     ds = builder.as_dataset().with_format("torch")   # DatasetDict of xs (N×d), ys (N), task_id
     ds.save_to_disk("linreg-d5")                      # or ds.push_to_hub("me/linreg-d5")
+
+``NeedleInAHaystack`` (from :mod:`hf_icl.data.niah`) writes needle-in-a-haystack passkey prompts.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ import datasets
 from ..validation import check_int
 from . import inputs as _inputs_module
 from . import tasks as _tasks_module
+from .niah import NeedleInAHaystack as NeedleInAHaystack  # re-exported: the passkey builder lives in niah.py
+from .niah import NeedleInAHaystackConfig as NeedleInAHaystackConfig
 from .tasks import TASK_REGISTRY, TaskFamily, iterate_prompts, make_task
 
 SPLITS = ("train", "validation", "test")
