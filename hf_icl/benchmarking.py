@@ -9,18 +9,33 @@ from collections.abc import Callable
 import torch
 
 
-def median_seconds(fn: Callable, repeats: int, device: str | torch.device, *inputs) -> float:
-    """Median wall time of ``fn(*inputs)`` over ``repeats`` runs after one warm-up (CUDA-synchronised)."""
-    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else (lambda: None)
-    fn(*inputs)
+def median_seconds(fn: Callable, repeats: int, device: str | torch.device, *inputs, warmup: int = 1) -> float:
+    """Median time of ``fn(*inputs)`` over ``repeats`` runs after ``warmup`` runs.
+
+    On CUDA each run is timed with a pair of CUDA events (GPU time between them, launch queue included); on CPU
+    with ``time.perf_counter``.
+    """
+    for _ in range(warmup):
+        fn(*inputs)
+    if torch.device(device).type == "cuda":
+        return _median_cuda_seconds(fn, repeats, inputs)
     samples = []
     for _ in range(repeats):
-        sync()
         start = time.perf_counter()
         fn(*inputs)
-        sync()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def _median_cuda_seconds(fn: Callable, repeats: int, inputs: tuple) -> float:
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(repeats)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        fn(*inputs)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
 
 
 def emit_markdown(lines: list[str], output: str | None) -> str:

@@ -15,12 +15,35 @@ def load(name):
     return module
 
 
-def test_bench_cab_reports_every_length_and_sparsity(tmp_path):
+def test_bench_cab_smoke_runs_every_section(tmp_path):
+    """The GPU benchmark's code paths on tiny shapes: coarsening, attention (kernel + flex), prefill, decode."""
     out = tmp_path / "cab.md"
-    argv = ["--lengths", "128", "192", "--heads", "2", "--head-dim", "32", "--block-size", "16"]
-    table = load("bench_cab").main([*argv, "--sparsities", "0.5", "0.9", "--repeats", "1", "--output", str(out)])
-    assert table.count("dense SDPA") == 2 and table.count("CAB hybrid @ 0.90") == 2
+    argv = ["--smoke", "--lengths", "64", "--sparsities", "0.5", "0.9", "--output", str(out)]
+    table = load("bench_cab").main(argv)
+    assert "| 64 | 0.50 |" in table and "| 64 | 0.90 |" in table  # one row per (T, sparsity)
+    for heading in ("Coarsening", "Prefill attention", "End-to-end prefill", "Decode latency"):
+        assert heading in table
+    flex_column = [row.split("|")[8].strip() for row in table.splitlines() if row.startswith("| 64 | 0.")]
+    assert all(cell != "n/a" for cell in flex_column)  # FlexAttention ran with our block mask
     assert out.read_text().strip() == table.strip()
+
+
+def test_flex_block_mask_is_the_same_selection():
+    """FlexAttention with the benchmark's BlockMask equals dense attention masked to the CAB blocks."""
+    import torch
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from hf_icl.attention.block_sparse import dense_masked_attention
+    from hf_icl.attention.cab import CABParams, select_cab_blocks
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 80, 32, generator=g) for _ in range(3))
+    keep = select_cab_blocks(q, k, CABParams(sparsity=0.6, block_size=16, policy="frc", min_seq_len=0), 0.2)
+    assert not keep.tril().all()  # a real sparse selection
+    block_mask = load("bench_cab").flex_block_mask(keep, 16, 80)
+    out = flex_attention(q, k, v, block_mask=block_mask, scale=0.2)
+    expected = dense_masked_attention(q, k, v, keep, block_size=16, scaling=0.2)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_bench_samplers_reports_every_family():

@@ -332,6 +332,13 @@ def block_sparse_attention_triton(
     return (out, lse) if return_lse else out
 
 
+def kernels_runnable(device: torch.device | str) -> bool:
+    """Whether the block-sparse kernels can run on tensors of ``device``: CUDA, or CPU under the interpreter."""
+    if triton is None:
+        return False
+    return torch.device(device).type == "cuda" or is_interpreted(_block_sparse_attention_kernel)
+
+
 def num_warps(block_size: int, head_dim: int) -> int:
     """Warps per program: 4 for tiles up to 64 × 64, 8 above (more registers for the larger accumulators)."""
     return 4 if block_size * head_dim <= 64 * 64 else 8
