@@ -16,6 +16,7 @@ from transformers.masking_utils import AttentionMaskInterface
 import hf_icl
 from hf_icl.attention.block_sparse import dense_masked_attention
 from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
+from hf_icl.attention.selection import true_block_mass
 
 SMALL = dict(block_size=16, min_seq_len=0)
 
@@ -164,3 +165,18 @@ def test_hyperparameters_survive_save_and_from_pretrained(tmp_path):
 def test_bad_hyperparameters_are_clear_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hf_icl.enable_cab(gpt2(), **kwargs)
+
+
+def test_oracle_policy_keeps_the_blocks_with_the_most_true_attention_mass():
+    """cab_policy='oracle' ranks blocks by dense attention mass: each row keeps its top-mass visible blocks."""
+    g = torch.Generator().manual_seed(3)
+    q, k = torch.randn(1, 2, 128, 32, generator=g), torch.randn(1, 2, 128, 32, generator=g)
+    params = CABParams(sparsity=0.5, policy="oracle", sink_blocks=0, **SMALL)
+    keep = select_cab_blocks(q, k, params, 0.2)
+    mass = true_block_mass(q, k, 0.2, 16)
+    for row in range(3, 8):  # rows with more visible blocks than the budget of 2
+        chosen = keep[0, 0, row, :row]  # off-diagonal visible blocks
+        assert keep[0, 0, row, row] and int(chosen.sum()) == 1  # the forced diagonal + the best other block
+        assert mass[0, 0, row, :row][chosen].min() >= mass[0, 0, row, :row][~chosen].max()
+    sparse_model = hf_icl.enable_cab(gpt2(), sparsity=0.5, policy="oracle", **SMALL)
+    assert torch.isfinite(sparse_model(tokens(1, 64)).logits).all()
