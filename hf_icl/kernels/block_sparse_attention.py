@@ -327,7 +327,7 @@ def block_sparse_attention_triton(
             UPCAST_DOT=is_interpreted(_block_sparse_attention_kernel),
             RETURN_LSE=return_lse,
             HAS_KEY_MASK=key_padding_mask is not None,
-            num_warps=num_warps(block_size, head_dim),
+            **launch_config(block_size, head_dim),
         )
     return (out, lse) if return_lse else out
 
@@ -339,9 +339,13 @@ def kernels_runnable(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" or is_interpreted(_block_sparse_attention_kernel)
 
 
-def num_warps(block_size: int, head_dim: int) -> int:
-    """Warps per program: 4 for tiles up to 64 × 64, 8 above (more registers for the larger accumulators)."""
-    return 4 if block_size * head_dim <= 64 * 64 else 8
+def launch_config(block_size: int, head_dim: int) -> dict[str, int]:
+    """Warps and pipeline stages per program: 4 warps for tiles up to 64 × 64, else 8 (larger accumulators);
+    2 stages for 128 × 128 tiles, whose K / V buffers would not fit 3 deep in shared memory."""
+    return {
+        "num_warps": 4 if block_size * head_dim <= 64 * 64 else 8,
+        "num_stages": 2 if block_size * head_dim >= 128 * 128 else 3,
+    }
 
 
 def _key_valid_tensor(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
@@ -444,6 +448,7 @@ def block_sparse_attention_forward(
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     validate_qkv(q, k, v, block_size, q_offset)
     validate_keep(q, k, keep, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
     indices, valid = selected_block_indices(keep)
     return block_sparse_attention_triton(
         q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs

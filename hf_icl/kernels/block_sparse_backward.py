@@ -27,7 +27,7 @@ from .block_sparse_attention import (
     _key_valid_tensor,
     block_sparse_attention_reference,
     block_sparse_attention_triton,
-    num_warps,
+    launch_config,
     validate_keep,
     validate_qkv,
 )
@@ -246,7 +246,7 @@ def block_sparse_attention_backward_triton(
         "BLOCK_D": head_dim,
         "UPCAST_DOT": is_interpreted(_block_sparse_dq_kernel),
         "HAS_KEY_MASK": key_padding_mask is not None,
-        "num_warps": num_warps(block_size, head_dim),
+        **launch_config(block_size, head_dim),
     }
     _block_sparse_dq_kernel[(keep.shape[2], batch * heads)](
         q,

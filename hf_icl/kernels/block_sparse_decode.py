@@ -267,6 +267,7 @@ def block_sparse_decode(
         return block_sparse_decode_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     validate_qkv(q, k, v, block_size, q_offset)
     validate_keep(q, k, keep, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
     indices, valid = selected_block_indices(keep)
     if q.shape[2] != 1:
         raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
