@@ -7,58 +7,19 @@ is slow, so shapes stay tiny (B * H <= 2, N <= 96).
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import DEVICE, LOOSE, needs_triton, qkv, random_keep
 
-from hf_icl.attention.block_sparse import block_sparse_attention, selected_block_indices
+from hf_icl.attention.block_sparse import block_sparse_attention, selected_block_indices, token_mask
 from hf_icl.kernels import block_sparse_attention as bsa_module
-from hf_icl.kernels import triton_available
 from hf_icl.kernels.block_sparse_attention import (
     block_sparse_attention_forward,
     block_sparse_attention_reference,
     block_sparse_attention_triton,
 )
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-LOOSE = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 2e-2}
-
-needs_triton = pytest.mark.skipif(
-    not triton_available() or not (os.environ.get("TRITON_INTERPRET") == "1" or torch.cuda.is_available()),
-    reason="Triton kernels need CUDA or TRITON_INTERPRET=1 (set before triton is imported)",
-)
-
-
-def _qkv(
-    b: int, h: int, n_q: int, n_k: int, d: int, dtype: torch.dtype = torch.float32, seed: int = 0
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Random q (b, h, n_q, d) and k / v (b, h, n_k, d), drawn in fp32 then cast (same values on any device)."""
-    gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(b, h, n_q, d, generator=gen)
-    k = torch.randn(b, h, n_k, d, generator=gen)
-    v = torch.randn(b, h, n_k, d, generator=gen)
-    return tuple(x.to(dtype).to(DEVICE) for x in (q, k, v))
-
-
-def _random_keep(
-    b: int, h: int, n_q: int, n_k: int, block_size: int, q_offset: int = 0, p: float = 0.5, seed: int = 0
-) -> torch.Tensor:
-    """Random bool (b, h, Mq, Mk) block mask that always keeps each query block's diagonal key block."""
-    m_q, m_k = math.ceil(n_q / block_size), math.ceil(n_k / block_size)
-    gen = torch.Generator().manual_seed(seed + 1000)
-    keep = torch.rand(b, h, m_q, m_k, generator=gen) < p
-    diagonal = (q_offset + torch.arange(m_q) * block_size) // block_size  # key block holding the first query
-    keep[:, :, torch.arange(m_q), diagonal] = True
-    return keep.to(DEVICE)
-
-
-def _allowed(keep: torch.Tensor, n_q: int, n_k: int, block_size: int, q_offset: int) -> torch.Tensor:
-    """Token-level (B, H, Nq, Nk) bool mask: kept block and key position <= query position."""
-    token_keep = keep.repeat_interleave(block_size, 2).repeat_interleave(block_size, 3)[:, :, :n_q, :n_k]
-    causal = (q_offset + torch.arange(n_q, device=keep.device))[:, None] >= torch.arange(n_k, device=keep.device)
-    return token_keep & causal
 
 
 def _expected(q, k, v, keep, block_size: int, scaling: float, q_offset: int) -> torch.Tensor:
@@ -81,7 +42,7 @@ def _run_and_compare(q, k, v, keep, block_size: int, q_offset: int = 0) -> None:
     expected = _expected(q, k, v, keep, block_size, scaling, q_offset)
     torch.testing.assert_close(out.float(), expected, atol=tol, rtol=tol)
     scores = (q.float() @ k.float().transpose(-1, -2)) * scaling
-    allowed = _allowed(keep, n_q, n_k, block_size, q_offset)
+    allowed = token_mask(keep, block_size, n_q, n_k, q_offset)
     expected_lse = torch.logsumexp(scores.masked_fill(~allowed, float("-inf")), dim=-1)
     torch.testing.assert_close(lse, expected_lse, atol=1e-4, rtol=1e-4)
 
@@ -97,16 +58,16 @@ def _run_and_compare(q, k, v, keep, block_size: int, q_offset: int = 0) -> None:
 @pytest.mark.parametrize(("n", "block_size"), [(40, 16), (64, 32)])
 def test_kernel_matches_reference_self_attention(dtype: torch.dtype, head_dim: int, n: int, block_size: int) -> None:
     """Self-attention (Nq == Nk), ragged N = 40 with 16-token blocks and N = 64 with 32-token blocks."""
-    q, k, v = _qkv(1, 2, n, n, head_dim, dtype, seed=head_dim + n)
-    keep = _random_keep(1, 2, n, n, block_size, seed=n)
+    q, k, v = qkv(1, 2, n, n, head_dim, dtype, seed=head_dim + n)
+    keep = random_keep(1, 2, n, n, block_size, seed=n)
     _run_and_compare(q, k, v, keep, block_size)
 
 
 @needs_triton
 def test_kernel_head_dim_128() -> None:
     """The largest head dim, batch 2, ragged N."""
-    q, k, v = _qkv(2, 1, 50, 50, 128, torch.float32, seed=3)
-    keep = _random_keep(2, 1, 50, 50, 16, seed=3)
+    q, k, v = qkv(2, 1, 50, 50, 128, torch.float32, seed=3)
+    keep = random_keep(2, 1, 50, 50, 16, seed=3)
     _run_and_compare(q, k, v, keep, 16)
 
 
@@ -115,8 +76,8 @@ def test_kernel_head_dim_128() -> None:
 @pytest.mark.parametrize(("n_q", "n_k", "q_offset"), [(32, 80, 48), (20, 52, 32)])
 def test_kernel_prefill_chunk_with_offset(dtype: torch.dtype, n_q: int, n_k: int, q_offset: int) -> None:
     """A cached prefill chunk: Nq != Nk, queries start at a block-aligned offset (second case ragged in both)."""
-    q, k, v = _qkv(1, 2, n_q, n_k, 32, dtype, seed=n_q)
-    keep = _random_keep(1, 2, n_q, n_k, 16, q_offset=q_offset, seed=n_k)
+    q, k, v = qkv(1, 2, n_q, n_k, 32, dtype, seed=n_q)
+    keep = random_keep(1, 2, n_q, n_k, 16, q_offset=q_offset, seed=n_k)
     _run_and_compare(q, k, v, keep, 16, q_offset)
 
 
@@ -125,8 +86,8 @@ def test_kernel_prefill_chunk_with_offset(dtype: torch.dtype, n_q: int, n_k: int
 @pytest.mark.parametrize(("n_k", "q_offset"), [(45, 44), (45, 21), (96, 95)])
 def test_kernel_decode(dtype: torch.dtype, n_k: int, q_offset: int) -> None:
     """Decode (Nq == 1) at any offset; with q_offset < Nk - 1 the later keys are in the future and masked."""
-    q, k, v = _qkv(1, 2, 1, n_k, 64, dtype, seed=q_offset)
-    keep = _random_keep(1, 2, 1, n_k, 16, q_offset=q_offset, p=0.4, seed=q_offset)
+    q, k, v = qkv(1, 2, 1, n_k, 64, dtype, seed=q_offset)
+    keep = random_keep(1, 2, 1, n_k, 16, q_offset=q_offset, p=0.4, seed=q_offset)
     _run_and_compare(q, k, v, keep, 16, q_offset)
 
 
@@ -135,7 +96,7 @@ def test_kernel_decode(dtype: torch.dtype, n_k: int, q_offset: int) -> None:
 def test_kernel_diagonal_only(dtype: torch.dtype) -> None:
     """Rows keeping only their diagonal block (local causal attention inside each block)."""
     n, bs = 48, 16
-    q, k, v = _qkv(1, 2, n, n, 32, dtype, seed=7)
+    q, k, v = qkv(1, 2, n, n, 32, dtype, seed=7)
     keep = torch.eye(n // bs, dtype=torch.bool, device=DEVICE).expand(1, 2, -1, -1).contiguous()
     _run_and_compare(q, k, v, keep, bs)
 
@@ -145,7 +106,7 @@ def test_kernel_diagonal_only(dtype: torch.dtype) -> None:
 def test_kernel_dense_equals_causal_sdpa(dtype: torch.dtype) -> None:
     """A fully dense keep is plain causal attention."""
     n, bs, d = 56, 16, 32
-    q, k, v = _qkv(1, 2, n, n, d, dtype, seed=11)
+    q, k, v = qkv(1, 2, n, n, d, dtype, seed=11)
     keep = torch.ones(1, 2, math.ceil(n / bs), math.ceil(n / bs), dtype=torch.bool, device=DEVICE)
     out = block_sparse_attention_forward(q, k, v, keep, block_size=bs, scaling=d**-0.5, backend="triton")
     expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=True, scale=d**-0.5)
@@ -160,7 +121,7 @@ def test_kernel_direct_call_strided_int32_and_padded_slots() -> None:
     base = torch.randn(1, n, 2, 3 * d, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     q, k, v = (base[..., i * d : (i + 1) * d].transpose(1, 2) for i in range(3))  # (1, 2, n, d), strided
     assert not q.is_contiguous()
-    keep = _random_keep(1, 2, n, n, bs, seed=5)
+    keep = random_keep(1, 2, n, n, bs, seed=5)
     indices, valid = selected_block_indices(keep)
     assert not valid.all()  # some slots past counts hold ids of blocks that were not selected
     counts = valid.sum(-1).to(torch.int32)
@@ -174,7 +135,7 @@ def test_kernel_direct_call_strided_int32_and_padded_slots() -> None:
 def test_kernel_row_without_visible_keys_gives_zeros() -> None:
     """A query block whose selection lies wholly in its future sees nothing: zeros and lse = -inf, never NaN."""
     n, bs = 32, 16
-    q, k, v = _qkv(1, 1, n, n, 32, seed=9)
+    q, k, v = qkv(1, 1, n, n, 32, seed=9)
     keep = torch.tensor([[[[False, True], [False, True]]]], device=DEVICE)
     out, lse = block_sparse_attention_forward(
         q, k, v, keep, block_size=bs, scaling=0.2, return_lse=True, backend="triton"
@@ -193,14 +154,14 @@ def test_kernel_row_without_visible_keys_gives_zeros() -> None:
 def test_reference_lse_matches_logsumexp() -> None:
     """The reference path's lse is a plain masked logsumexp; its output is the block-sparse reference."""
     n_q, n_k, bs, offset = 20, 52, 16, 32
-    q, k, v = (x.cpu() for x in _qkv(1, 2, n_q, n_k, 32, seed=4))
-    keep = _random_keep(1, 2, n_q, n_k, bs, q_offset=offset, seed=4).cpu()
+    q, k, v = (x.cpu() for x in qkv(1, 2, n_q, n_k, 32, seed=4))
+    keep = random_keep(1, 2, n_q, n_k, bs, q_offset=offset, seed=4).cpu()
     out, lse = block_sparse_attention_reference(
         q, k, v, keep, block_size=bs, scaling=0.3, q_offset=offset, return_lse=True
     )
     torch.testing.assert_close(out, block_sparse_attention(q, k, v, keep, block_size=bs, scaling=0.3, q_offset=offset))
     scores = (q @ k.transpose(-1, -2)) * 0.3
-    expected = torch.logsumexp(scores.masked_fill(~_allowed(keep, n_q, n_k, bs, offset), float("-inf")), dim=-1)
+    expected = torch.logsumexp(scores.masked_fill(~token_mask(keep, bs, n_q, n_k, offset), float("-inf")), dim=-1)
     torch.testing.assert_close(lse, expected)
 
 
@@ -211,8 +172,8 @@ def test_auto_backend_uses_reference_on_cpu(monkeypatch: pytest.MonkeyPatch) -> 
         raise AssertionError("the Triton kernel must not run for CPU tensors with backend='auto'")
 
     monkeypatch.setattr(bsa_module, "block_sparse_attention_triton", _fail)
-    q, k, v = (x.cpu() for x in _qkv(1, 1, 24, 24, 32, seed=2))
-    keep = _random_keep(1, 1, 24, 24, 16, seed=2).cpu()
+    q, k, v = (x.cpu() for x in qkv(1, 1, 24, 24, 32, seed=2))
+    keep = random_keep(1, 1, 24, 24, 16, seed=2).cpu()
     out = block_sparse_attention_forward(q, k, v, keep, block_size=16, scaling=0.2)
     torch.testing.assert_close(out, block_sparse_attention(q, k, v, keep, block_size=16, scaling=0.2))
     out_ref = block_sparse_attention_forward(q, k, v, keep, block_size=16, scaling=0.2, backend="reference")
@@ -224,9 +185,13 @@ def test_auto_backend_uses_reference_on_cpu(monkeypatch: pytest.MonkeyPatch) -> 
 # ----------------------------------------------------------------------------------------------------------------
 
 
+#: a (B, Nk / 2) key padding mask for the (1, 2, 32, 32) inputs below: a wrong shape on either backend
+_SHORT_KEY_MASK = {"key_padding_mask": torch.ones(1, 16, dtype=torch.bool)}
+
+
 def _valid_inputs():
-    q, k, v = (x.cpu() for x in _qkv(1, 2, 32, 32, 32, seed=1))
-    keep = _random_keep(1, 2, 32, 32, 16, seed=1).cpu()
+    q, k, v = (x.cpu() for x in qkv(1, 2, 32, 32, 32, seed=1))
+    keep = random_keep(1, 2, 32, 32, 16, seed=1).cpu()
     return q, k, v, keep
 
 
@@ -245,6 +210,11 @@ def _valid_inputs():
         (lambda q, k, v, keep: (q, k, v, keep[:, :, :1], {}), "keep must have shape"),
         (lambda q, k, v, keep: (q, k, v, torch.zeros_like(keep), {}), "at least one key block"),
         (lambda q, k, v, keep: (q, k, v, keep, {"backend": "cuda"}), "backend"),
+        (lambda q, k, v, keep: (q, k, v, keep, _SHORT_KEY_MASK), r"key_padding_mask must have shape \(B, Nk\)"),
+        (
+            lambda q, k, v, keep: (q, k, v, keep, {**_SHORT_KEY_MASK, "backend": "triton"}),
+            r"key_padding_mask must have shape \(B, Nk\)",
+        ),
     ],
 )
 def test_dispatcher_validation(change, match: str) -> None:
@@ -257,7 +227,7 @@ def test_dispatcher_validation(change, match: str) -> None:
 
 def test_decode_accepts_unaligned_offset_on_reference() -> None:
     """Nq == 1 may start at any offset; Nq > 1 may not (checked above)."""
-    q, k, v = (x.cpu() for x in _qkv(1, 1, 1, 40, 32, seed=6))
+    q, k, v = (x.cpu() for x in qkv(1, 1, 1, 40, 32, seed=6))
     keep = torch.ones(1, 1, 1, 3, dtype=torch.bool)
     out = block_sparse_attention_forward(q, k, v, keep, block_size=16, scaling=0.2, q_offset=37)
     assert out.shape == q.shape and torch.isfinite(out).all()
