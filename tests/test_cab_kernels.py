@@ -8,8 +8,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from kernel_helpers import DEVICE, needs_triton
 from test_cab_attention import gpt2, llama, tokens
-from test_kernels_block_sparse import needs_triton
 
 from hf_icl.attention import cab as cab_module
 from hf_icl.attention.cab import _NO_KERNEL, CABParams, _key_padding_from_mask, cab_attention_forward
@@ -18,7 +18,7 @@ SPARSE = dict(sparsity=0.5, block_size=16, min_seq_len=0, policy="frc")
 
 
 def _with_backend(model, backend, **overrides):
-    return cab_module.enable_cab(model, **{**SPARSE, **overrides, "backend": backend})
+    return cab_module.enable_cab(model.to(DEVICE), **{**SPARSE, **overrides, "backend": backend})
 
 
 def _pair(build, **overrides):
@@ -30,7 +30,7 @@ def _pair(build, **overrides):
 @pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama-gqa"])
 def test_prefill_logits_and_gradients_match_the_pytorch_path(build):
     kernel_model, reference_model = _pair(build)
-    ids = tokens(2, 72, seed=1)  # ragged: 4.5 blocks of 16
+    ids = tokens(2, 72, seed=1).to(DEVICE)  # ragged: 4.5 blocks of 16
     losses = []
     for model in (kernel_model, reference_model):
         out = model(ids, labels=ids)
@@ -63,7 +63,7 @@ def test_kernel_path_is_actually_taken(monkeypatch):
     monkeypatch.setattr(cab_module, "block_sparse_flash_attention", count("prefill", prefill))
     monkeypatch.setattr(cab_module, "block_sparse_decode", count("decode", decode))
     model = _with_backend(gpt2(), "triton")
-    model.generate(tokens(1, 48), max_new_tokens=3, do_sample=False, pad_token_id=0)
+    model.generate(tokens(1, 48).to(DEVICE), max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert calls["prefill"] == 2 and calls["decode"] == 2 * 2  # 2 layers; the 1st new token comes from prefill
 
 
@@ -71,7 +71,7 @@ def test_kernel_path_is_actually_taken(monkeypatch):
 @pytest.mark.parametrize("build", [gpt2, llama], ids=["gpt2", "llama-gqa"])
 def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
     kernel_model, reference_model = _pair(build)
-    prompt = tokens(1, 64, seed=2)
+    prompt = tokens(1, 64, seed=2).to(DEVICE)
     generated = [
         m.generate(prompt, max_new_tokens=6, do_sample=False, pad_token_id=0) for m in (kernel_model, reference_model)
     ]
@@ -81,7 +81,7 @@ def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
 @needs_triton
 def test_left_padded_batch_matches_pytorch_path():
     kernel_model, reference_model = _pair(gpt2)
-    ids = tokens(2, 64, seed=3)
+    ids = tokens(2, 64, seed=3).to(DEVICE)
     mask = torch.ones_like(ids)
     mask[0, :20] = 0  # left padding in row 0
     logits = [m(ids, attention_mask=mask).logits for m in (kernel_model, reference_model)]

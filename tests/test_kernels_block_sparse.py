@@ -263,3 +263,14 @@ def test_kernel_selection_validation(kind: str, match: str) -> None:
         counts = counts[..., None]
     with pytest.raises(ValueError, match=match):
         block_sparse_attention_triton(q, k, v, indices, counts, block_size=16, scaling=0.2)
+
+
+def test_kernel_entry_points_without_triton_raise_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where triton cannot be imported, the kernel entry points say so (the dispatchers use the reference)."""
+    from hf_icl.kernels import _common
+
+    monkeypatch.setattr(_common, "triton", None)
+    q, k, v, keep = _valid_inputs()
+    indices, valid = selected_block_indices(keep)
+    with pytest.raises(RuntimeError, match="block_sparse_attention_triton needs triton"):
+        block_sparse_attention_triton(q, k, v, indices, valid.sum(-1), block_size=16, scaling=0.2)

@@ -139,6 +139,8 @@ def validate_keep(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, block_si
 # Triton kernel
 # ----------------------------------------------------------------------------------------------------------------
 
+_block_sparse_attention_kernel = None  # the Triton kernel, defined below when triton imports
+
 if triton is not None:
 
     @triton.jit

@@ -35,6 +35,8 @@ from .block_sparse_attention import (
 __all__ = ["block_sparse_attention_backward_triton", "block_sparse_flash_attention"]
 
 
+_block_sparse_dq_kernel = None  # the Triton kernel, defined below when triton imports
+
 if triton is not None:
 
     @triton.jit

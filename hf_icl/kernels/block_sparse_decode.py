@@ -33,6 +33,8 @@ __all__ = ["block_sparse_decode", "block_sparse_decode_reference", "block_sparse
 PROGRAMS_PER_SM = 4
 
 
+_block_sparse_decode_kernel = None  # the Triton kernel, defined below when triton imports
+
 if triton is not None:
 
     @triton.jit

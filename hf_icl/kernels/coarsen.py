@@ -104,6 +104,8 @@ def coarsen_max_l2_reference(q: torch.Tensor, k: torch.Tensor, block_size: int) 
 # Triton kernel
 # ----------------------------------------------------------------------------------------------------------------
 
+_coarsen_max_l2_kernel = None  # the Triton kernel, defined below when triton imports
+
 if triton is not None:
 
     @triton.jit
