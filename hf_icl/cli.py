@@ -6,6 +6,7 @@ hf-icl evaluate --model DIR ...   context-scaling table and plot of a model agai
 hf-icl compare                    compare in-context estimators on a task family
 hf-icl tasks                      list task families and their hyperparameters
 hf-icl dataset --config NAME ...  build an ICLTasks dataset, save it or push it to the Hub
+hf-icl niah --model M ...         needle-in-a-haystack: dense vs CAB policies × sparsities (resumable)
 
 Multi-GPU: accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml
 """
@@ -156,6 +157,60 @@ def run_dataset(args) -> int:
     return 0
 
 
+def _csv(kind, name: str):
+    """argparse type: a comma-separated list of ``kind`` values."""
+
+    def parse(text: str) -> list:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        try:
+            return [kind(item) for item in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {name}, got {text!r}") from None
+
+    return parse
+
+
+def run_niah_command(args) -> int:
+    import os
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from .data.niah import NeedleInAHaystackConfig, load_tokenizer
+    from .evaluation.niah import niah_methods, run_niah, write_niah_report
+
+    methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
+    model_path = str(Path(args.model).resolve()) if os.path.exists(args.model) else args.model
+    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    grid = {
+        "context_lengths": args.lengths,
+        "depths": args.depths,
+        "samples_per_cell": args.samples,
+        "haystack": args.haystack,
+        "seed": args.seed,
+    }
+    NeedleInAHaystackConfig(tokenizer=tokenizer, **grid)  # validates the grid (lengths, depths, ...)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=args.dtype, attn_implementation="sdpa")
+    model.to(device).eval()
+    out = Path(args.output_dir)
+    records = run_niah(
+        model,
+        tokenizer,
+        methods=methods,
+        block_size=args.block_size,
+        budget=args.budget,
+        results_file=out / "results.jsonl",
+        progress=not args.no_progress,
+        preservation_queries=args.preservation_queries,
+        **grid,
+    )
+    written = write_niah_report(records, out)
+    print(written["summary.md"].read_text(encoding="utf-8"))
+    print(f"results: {out / 'results.jsonl'} ({len(records)} records); report: {out}")
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------------
 
 
@@ -228,6 +283,51 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--save-to-disk", default=None, metavar="PATH", help="write the DatasetDict here")
     data.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload as parquet to this Hub repo")
     data.set_defaults(run=run_dataset)
+
+    from .attention.cab import BUDGETS, POLICIES
+    from .evaluation.niah import DEFAULT_POLICIES, DEFAULT_SPARSITIES
+
+    niah = commands.add_parser(
+        "niah", help="needle-in-a-haystack: dense vs CAB policies at several sparsities", formatter_class=_formatter
+    )
+    niah.add_argument("--model", required=True, help="causal LM: local path or Hub name (AutoModelForCausalLM)")
+    niah.add_argument("--tokenizer", default=None, help="fast tokenizer path or name (None: --model's)")
+    niah.add_argument(
+        "--lengths", type=_csv(int, "integers"), default="1024,2048,4096", help="comma-separated context lengths"
+    )
+    niah.add_argument(
+        "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
+    )
+    niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
+    niah.add_argument(
+        "--policies",
+        type=_csv(str, "names"),
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated CAB policies, of {', '.join(POLICIES)} ('' for dense only)",
+    )
+    niah.add_argument(
+        "--sparsities",
+        type=_csv(float, "numbers"),
+        default=",".join(map(str, DEFAULT_SPARSITIES)),
+        help="CAB sparsities in [0, 1)",
+    )
+    niah.add_argument("--block-size", type=int, default=16, help="CAB block size (power of two, 16 to 128)")
+    niah.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")
+    niah.add_argument("--haystack", default="filler", help="'filler' or the path of a text file")
+    niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
+    niah.add_argument("--device", default=None, help="None: cuda if available, else cpu")
+    niah.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help="model weights dtype"
+    )
+    niah.add_argument(
+        "--preservation-queries",
+        type=int,
+        default=None,
+        help="final tokens scoring preservation (None: the question's)",
+    )
+    niah.add_argument("--output-dir", default="outputs/niah", help="results.jsonl and the report; reruns resume")
+    niah.add_argument("--no-progress", action="store_true", help="no progress bar")
+    niah.set_defaults(run=run_niah_command)
     return parser
 
 

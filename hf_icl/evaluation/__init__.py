@@ -7,6 +7,9 @@
 * :func:`load_metric`, :class:`ICLSquaredError`, :class:`ICLAccuracy`: the same metrics as
   ``evaluate.Metric`` classes; loaded on first use, so importing this package needs neither
   ``evaluate`` nor ``datasets``.
+* :func:`run_niah`, :func:`niah_methods`, :func:`summarize_niah`, :func:`write_niah_report`: needle-in-a-haystack
+  passkey retrieval under dense and CAB attention (exact match, answer log-prob, attention preservation),
+  resumable, with heatmaps (``hf-icl niah``).
 * :func:`error_by_position`, :func:`compare_on_task`, :func:`markdown_table`: plain error tables
   (the CLI's quickstart).
 
@@ -30,6 +33,7 @@ from .bootstrap import bootstrap_band, bootstrap_indices
 from .compare import compare_on_task, error_by_position, markdown_table
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
 from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
+from .niah import NIAHMethod, load_niah_results, niah_methods, run_niah, summarize_niah, write_niah_report
 from .ood import OOD_KINDS, ood_task
 from .task_scaling import TaskScalingResult, evaluate_task_scaling
 
@@ -51,6 +55,7 @@ __all__ = [
     "ContextScalingResult",
     "ICLAccuracy",
     "ICLSquaredError",
+    "NIAHMethod",
     "PositionMetric",
     "TaskScalingResult",
     "bootstrap_band",
@@ -60,9 +65,14 @@ __all__ = [
     "evaluate_context_scaling",
     "evaluate_task_scaling",
     "load_metric",
+    "load_niah_results",
     "markdown_table",
     "metric_for_task",
+    "niah_methods",
     "normalizer_for",
     "ood_task",
     "predicted_labels",
+    "run_niah",
+    "summarize_niah",
+    "write_niah_report",
 ]

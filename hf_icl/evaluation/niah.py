@@ -1,0 +1,711 @@
+"""Needle-in-a-haystack evaluation of dense and CAB attention: ``hf-icl niah``.
+
+For every method (dense ``"sdpa"`` once, then every CAB policy × sparsity) and every passkey prompt of
+:class:`~hf_icl.data.niah.NeedleInAHaystackConfig`, :func:`run_niah` records
+
+* ``exact_match``: greedy generation of ``len(answer_ids)`` tokens, decoded and stripped, equals the passkey;
+* ``answer_logprob``: the summed log-probability of ``answer_ids`` after the prompt (one teacher-forced forward);
+* ``preservation``: the attention-preservation score of the CAB selection on the needle. In every layer and
+  head, the dense attention mass that the last ``preservation_queries`` queries (default: the question's
+  tokens) put on the needle's tokens ``[needle_start, needle_end)``, and the share of it that the block
+  selection keeps (:func:`~hf_icl.attention.selection.attention_preservation`), averaged over layers and
+  heads. It is measured on the model's own queries and keys during the CAB prefill of the generation (a
+  probe attention implementation records them, then runs CAB unchanged) and needs ``O(rows × N)`` memory
+  per head. Dense attention preserves everything: 1.0.
+
+Results go to a JSON-lines file, one record per (method, context length, depth, sample), appended and
+flushed one at a time; a rerun skips the records already there, so an interrupted run resumes. The
+file's first line holds the configuration (model, tokenizer fingerprint, seed, block size, ...); a run
+with another configuration refuses the file instead of mixing results.
+
+Example::
+
+    >>> from hf_icl.evaluation.niah import niah_methods
+    >>> [m.label for m in niah_methods(["frc", "streaming"], [0.5, 0.9])]
+    ['sdpa', 'cab-frc@0.50', 'cab-frc@0.90', 'cab-streaming@0.50', 'cab-streaming@0.90']
+
+    records = run_niah(model, tokenizer, context_lengths=[1024, 2048], depths=[0.0, 0.5, 1.0],
+                       samples_per_cell=5, methods=niah_methods(), results_file="niah/results.jsonl")
+    write_niah_report(records, "niah")   # summary.csv, summary.md, heatmap_<label>.png, accuracy_vs_sparsity.png
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..attention.block_sparse import token_mask
+from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, select_cab_blocks
+from ..attention.selection import attention_preservation
+from ..kernels.block_sparse_attention import expand_kv
+from ..validation import check_choice, check_float, check_int
+
+__all__ = [
+    "DEFAULT_POLICIES",
+    "DEFAULT_SPARSITIES",
+    "DENSE",
+    "RECORD_FIELDS",
+    "NIAHMethod",
+    "load_niah_results",
+    "needle_preservation",
+    "niah_methods",
+    "run_niah",
+    "summarize_niah",
+    "write_niah_report",
+]
+
+#: The dense reference method (PyTorch SDPA).
+DENSE = "sdpa"
+DEFAULT_POLICIES = ("frc", "frc_low", "magnitude", "hybrid", "streaming", "oracle")
+DEFAULT_SPARSITIES = (0.5, 0.75, 0.9, 0.95)
+#: Every record's fields, in order.
+RECORD_FIELDS = (
+    "method",
+    "policy",
+    "sparsity",
+    "context_length",
+    "depth",
+    "sample",
+    "answer",
+    "generated",
+    "exact_match",
+    "answer_logprob",
+    "preservation",
+    "needle_start",
+    "needle_end",
+)
+#: The attention implementation that records queries and keys for the preservation score, then runs CAB.
+PROBE = "cab_probe"
+_HEADER = "niah_header"
+_FORMAT = 1
+
+
+# -- methods -------------------------------------------------------------------------------------
+
+
+def _format_sparsity(sparsity: float) -> str:
+    return f"{sparsity:.2f}" if round(sparsity, 2) == sparsity else f"{sparsity:g}"
+
+
+@dataclass(frozen=True)
+class NIAHMethod:
+    """An attention method to evaluate: dense ``"sdpa"`` or a CAB policy at a sparsity.
+
+    ``name`` is ``"sdpa"`` or a key of :data:`hf_icl.attention.cab.POLICIES`; ``sparsity`` (the fraction of
+    causal blocks CAB drops) is in ``[0, 1)``, and 0 for ``"sdpa"``.
+    """
+
+    name: str = DENSE
+    sparsity: float = 0.0
+
+    def __post_init__(self):
+        check_choice("method", self.name, (DENSE, *POLICIES))
+        sparsity = check_float("sparsity", self.sparsity, low=0.0)
+        if sparsity >= 1:
+            raise ValueError(f"sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}")
+        if self.name == DENSE and sparsity != 0:
+            raise ValueError(f"method {DENSE!r} is dense attention: its sparsity must be 0, got {sparsity}")
+        object.__setattr__(self, "sparsity", sparsity)
+
+    @property
+    def is_dense(self) -> bool:
+        return self.name == DENSE
+
+    @property
+    def policy(self) -> str:
+        """The CAB policy (``"sdpa"`` for the dense method)."""
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """``"sdpa"`` or ``"cab-<policy>@<sparsity>"``, e.g. ``"cab-frc@0.90"``: the method's key in records."""
+        return DENSE if self.is_dense else f"cab-{self.name}@{_format_sparsity(self.sparsity)}"
+
+
+def niah_methods(
+    policies: Iterable[str] = DEFAULT_POLICIES, sparsities: Iterable[float] = DEFAULT_SPARSITIES
+) -> list[NIAHMethod]:
+    """Dense ``"sdpa"`` once, then every CAB policy at every sparsity (policy by policy)."""
+    policies, sparsities = list(policies), list(sparsities)
+    for i, policy in enumerate(policies):
+        check_choice(f"policies[{i}]", policy, POLICIES)
+    for i, sparsity in enumerate(sparsities):
+        if check_float(f"sparsities[{i}]", sparsity, low=0.0) >= 1:
+            raise ValueError(
+                f"sparsities[{i}] must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}"
+            )
+    if policies and not sparsities:
+        raise ValueError(f"sparsities must not be empty when policies are given, got policies={policies}")
+    for name, values in (("policies", policies), ("sparsities", sparsities)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"{name} must not repeat values, got {values}")
+    return [NIAHMethod(), *(NIAHMethod(policy, float(s)) for policy in policies for s in sparsities)]
+
+
+# -- attention preservation ----------------------------------------------------------------------
+
+
+def needle_preservation(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    needle_start: int,
+    needle_end: int,
+    last_rows: int,
+) -> torch.Tensor:
+    """Share of the dense attention on the needle that a block selection keeps, for the last queries.
+
+    ``query (B, H, Nq, D)`` at absolute positions ``Nk - Nq …``, ``key (B, H or KV heads, Nk, D)``, ``keep``
+    the ``(B, H, Mq, Mk)`` block selection CAB attends over (query blocks counted from the first query).
+    The dense causal probabilities of the last ``last_rows`` queries are computed here, ``O(last_rows × Nk)``
+    per head, and scored with :func:`~hf_icl.attention.selection.attention_preservation` over the keys
+    ``[needle_start, needle_end)``. Returns ``(B, H)`` float32 in ``[0, 1]``.
+    """
+    n_q, n_k = query.shape[2], key.shape[2]
+    q_offset = n_k - n_q
+    rows = max(1, min(last_rows, n_q))
+    first = n_q - rows  # first scored query, relative to the queries
+    key = expand_kv(key, query.shape[1])
+    logits = torch.matmul(query[:, :, first:].float(), key.float().transpose(-1, -2)) * scaling  # (B, H, R, Nk)
+    positions = q_offset + first + torch.arange(rows, device=query.device)
+    causal = positions[:, None] >= torch.arange(n_k, device=query.device)
+    probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
+    first_block = first // block_size  # only the query blocks holding the scored rows are expanded to tokens
+    start = first_block * block_size
+    kept = token_mask(keep[:, :, first_block:], block_size, n_q - start, n_k, q_offset + start)[:, :, first - start :]
+    needle = torch.zeros(n_k, dtype=torch.bool, device=query.device)
+    needle[needle_start:needle_end] = True
+    return attention_preservation(probs, kept, needle)
+
+
+class _PreservationProbe:
+    """Scores every prefill attention call it sees (one per layer) with :func:`needle_preservation`."""
+
+    def __init__(self, needle_start: int, needle_end: int, last_rows: int):
+        self.needle = (needle_start, needle_end)
+        self.last_rows = last_rows
+        self.scores: list[float] = []
+
+    def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        params = CABParams.from_config(module.config)
+        if params.sparsity == 0:  # cab_attention_forward runs dense attention: everything is kept
+            self.scores.append(1.0)
+            return
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - query.shape[2])
+        score = needle_preservation(
+            query,
+            key,
+            keep,
+            block_size=params.block_size,
+            scaling=scaling,
+            needle_start=self.needle[0],
+            needle_end=self.needle[1],
+            last_rows=self.last_rows,
+        )
+        self.scores.append(float(score.mean()))
+
+    def value(self) -> float:
+        if not self.scores:
+            raise RuntimeError(
+                "no attention call reached the preservation probe: the model does not route attention through "
+                "transformers' AttentionInterface (set_attn_implementation), so CAB cannot be evaluated on it"
+            )
+        return sum(self.scores) / len(self.scores)
+
+
+_ACTIVE_PROBE: _PreservationProbe | None = None
+
+
+@contextmanager
+def _probing(probe: _PreservationProbe | None):
+    global _ACTIVE_PROBE
+    previous, _ACTIVE_PROBE = _ACTIVE_PROBE, probe
+    try:
+        yield probe
+    finally:
+        _ACTIVE_PROBE = previous
+
+
+def probe_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
+    """CAB attention that first lets the active probe score its prefill calls (``Nq == Nk > 1``)."""
+    probe = _ACTIVE_PROBE
+    if probe is not None and 1 < query.shape[2] == key.shape[2]:
+        probe.observe(module, query, key, scaling)
+    return cab_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+def _register_probe() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(PROBE, probe_attention_forward)
+    AttentionMaskInterface.register(PROBE, sdpa_mask)  # the mask CAB gets, as in register_cab
+
+
+# -- the model's state -----------------------------------------------------------------------------
+
+
+@contextmanager
+def _restoring(model):
+    """Put back the attention implementation, the ``cab_*`` config fields and the train/eval mode."""
+    config = model.config
+    implementation = config._attn_implementation
+    missing = object()
+    fields = {name: getattr(config, name, missing) for name in CABParams().to_config_fields()}
+    was_training = model.training
+    try:
+        yield
+    finally:
+        for name, value in fields.items():
+            if value is missing:
+                if hasattr(config, name):
+                    delattr(config, name)
+            else:
+                setattr(config, name, value)
+        if implementation is not None and config._attn_implementation != implementation:
+            model.set_attn_implementation(implementation)
+        model.train(was_training)
+
+
+def _use_method(model, method: NIAHMethod, block_size: int, budget: str) -> None:
+    if method.is_dense:
+        model.set_attn_implementation(DENSE)
+        return
+    enable_cab(
+        model,
+        sparsity=method.sparsity,
+        policy=method.policy,
+        block_size=block_size,
+        budget=budget,
+        min_seq_len=0,
+        decode="sparse",
+    )
+    _register_probe()
+    model.set_attn_implementation(PROBE)  # CAB itself, with the probe listening
+
+
+def _model_device(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_token_id(model, tokenizer) -> int:
+    generation = getattr(model, "generation_config", None)
+    for candidate in (
+        getattr(generation, "pad_token_id", None),
+        tokenizer.pad_token_id,
+        getattr(generation, "eos_token_id", None),
+        tokenizer.eos_token_id,
+    ):
+        if isinstance(candidate, (list, tuple)):
+            candidate = candidate[0] if candidate else None
+        if candidate is not None:
+            return int(candidate)
+    return 0
+
+
+def _bos_prefix(tokenizer) -> list[int]:
+    """``[bos]`` when the tokenizer starts every text with its BOS token (Llama, Mistral, ...), else ``[]``.
+
+    The builder's prompts carry no special tokens; such models get the BOS they were trained with.
+    """
+    bos = tokenizer.bos_token_id
+    if bos is None:
+        return []
+    return [bos] if tokenizer("a")["input_ids"][:1] == [bos] else []
+
+
+def _answer_logprob(model, prompt_ids: list[int], answer_ids: list[int], device: torch.device) -> float:
+    """Sum of ``log p(answer_ids[t] | prompt, answer_ids[:t])`` from one teacher-forced forward."""
+    ids = torch.tensor([prompt_ids + answer_ids], device=device)
+    keep = len(answer_ids) + 1
+    extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
+    logprobs = logits[0, -keep:-1].float().log_softmax(-1)
+    target = torch.tensor(answer_ids, device=logprobs.device)
+    return float(logprobs.gather(-1, target[:, None]).sum())
+
+
+def _evaluate_row(
+    model, tokenizer, row: dict, method: NIAHMethod, last_rows: int, pad_id: int, prefix: list[int]
+) -> dict[str, Any]:
+    device = _model_device(model)
+    prompt, answer_ids = [*prefix, *row["input_ids"]], list(row["answer_ids"])
+    ids = torch.tensor([prompt], device=device)
+    shift = len(prefix)
+    probe = (
+        None
+        if method.is_dense
+        else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows)
+    )
+    with torch.no_grad():
+        with _probing(probe):  # the generation's prefill is the CAB prefill the probe scores
+            out = model.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=len(answer_ids),
+                do_sample=False,
+                num_beams=1,
+                pad_token_id=pad_id,
+            )
+        generated = tokenizer.decode(out[0, len(prompt) :].tolist(), skip_special_tokens=True).strip()
+        logprob = _answer_logprob(model, prompt, answer_ids, device)
+    return {
+        "method": method.label,
+        "policy": method.policy,
+        "sparsity": method.sparsity,
+        "context_length": int(row["context_length"]),
+        "depth": float(row["depth"]),
+        "sample": int(row["sample"]),
+        "answer": row["answer"],
+        "generated": generated,
+        "exact_match": generated == row["answer"],
+        "answer_logprob": logprob,
+        "preservation": 1.0 if probe is None else probe.value(),
+        "needle_start": int(row["needle_start"]),
+        "needle_end": int(row["needle_end"]),
+    }
+
+
+# -- the results file ------------------------------------------------------------------------------
+
+
+def _key(record: dict) -> tuple:
+    return record["method"], int(record["context_length"]), float(record["depth"]), int(record["sample"])
+
+
+def _read_results(path: Path) -> tuple[dict | None, list[dict]]:
+    """The header and records of a results file; a last line cut short by a crash is dropped from the file."""
+    if not path.exists() or path.stat().st_size == 0:
+        return None, []
+    data = path.read_bytes()
+    if not data.endswith(b"\n"):  # an interrupted write: drop the partial record so appends start on a new line
+        data = data[: data.rfind(b"\n") + 1]
+        with open(path, "r+b") as handle:
+            handle.truncate(len(data))
+    lines = [line for line in data.decode("utf-8").splitlines() if line.strip()]
+    if not lines:
+        return None, []
+    parsed = []
+    for number, line in enumerate(lines, 1):
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError as err:
+            raise ValueError(
+                f"{path}: line {number} is not valid JSON ({err}); the results file is corrupted"
+            ) from None
+    header = parsed[0].get(_HEADER) if isinstance(parsed[0], dict) else None
+    if header is None:
+        raise ValueError(f"{path} is not an hf-icl niah results file: its first line has no {_HEADER!r} record")
+    return header, parsed[1:]
+
+
+def load_niah_results(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a results file written by :func:`run_niah` (one per key; the header left out)."""
+    _, records = _read_results(Path(path))
+    return list({_key(record): record for record in records}.values())
+
+
+def _check_header(path: Path, found: dict, expected: dict) -> None:
+    if found == expected:
+        return
+    differences = ", ".join(
+        f"{name}: file {found.get(name)!r} vs run {expected.get(name)!r}"
+        for name in sorted(set(found) | set(expected))
+        if found.get(name) != expected.get(name)
+    )
+    raise ValueError(
+        f"results_file {str(path)!r} holds results of another configuration ({differences}); "
+        "use another results file (or output directory) or delete it"
+    )
+
+
+def _haystack_id(haystack) -> str:
+    if isinstance(haystack, (str, os.PathLike)):
+        return str(haystack)
+    return f"{type(haystack).__name__}:{getattr(haystack, '_fingerprint', id(haystack))}"
+
+
+# -- the run -------------------------------------------------------------------------------------
+
+
+def run_niah(
+    model,
+    tokenizer,
+    *,
+    context_lengths: Sequence[int],
+    depths: Sequence[float],
+    samples_per_cell: int,
+    methods: Sequence[NIAHMethod],
+    block_size: int = 16,
+    budget: str = "row",
+    seed: int = 0,
+    results_file: str | os.PathLike | None = None,
+    haystack: Any = "filler",
+    progress: bool = True,
+    preservation_queries: int | None = None,
+) -> list[dict[str, Any]]:
+    """Evaluate ``model`` on passkey retrieval under every method; one record per (method, prompt).
+
+    Args:
+        model: a causal LM whose attention goes through transformers' ``AttentionInterface`` (GPT-2,
+            Llama, ...); its attention implementation, ``cab_*`` config fields and train/eval mode are
+            restored afterwards.
+        tokenizer: the model's (fast) tokenizer, or its name / local path.
+        context_lengths, depths, samples_per_cell, seed, haystack: the prompts, as in
+            :class:`~hf_icl.data.niah.NeedleInAHaystackConfig`.
+        methods: what to evaluate, e.g. :func:`niah_methods`.
+        block_size, budget: CAB's block size and budget (``"row"`` or ``"global"``), shared by every policy.
+        results_file: JSON-lines file; records already there are loaded and not recomputed, new ones are
+            appended and flushed one by one. It must have been written with the same model name,
+            tokenizer, seed, block size, budget, haystack, dtype, ``preservation_queries`` and CAB's other
+            hyperparameters (``cab_lambda``, ``cab_sink_blocks``, ``cab_magnitude_fraction`` of the model config).
+        progress: show a tqdm bar over (method, prompt) pairs with the running accuracy.
+        preservation_queries: how many final prompt tokens score the preservation (default: the question).
+
+    Prompts are the builder's rows, after the tokenizer's BOS token when it adds one to every text (record
+    spans stay those of the rows). Returns the records of this grid (loaded or computed), method by method
+    in prompt order; each has the fields of :data:`RECORD_FIELDS`.
+    """
+    from tqdm.auto import tqdm
+
+    from ..data.niah import NeedleInAHaystackConfig, load_tokenizer, tokenizer_fingerprint
+
+    methods = list(methods)
+    if not methods:
+        raise ValueError("methods must be a non-empty list of NIAHMethod, got []")
+    for i, method in enumerate(methods):
+        if not isinstance(method, NIAHMethod):
+            raise ValueError(f"methods[{i}] must be a NIAHMethod (see niah_methods), got {method!r}")
+    labels = [method.label for method in methods]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"methods must not repeat, got {labels}")
+    CABParams(block_size=block_size, budget=budget)  # validates both, naming them
+    if preservation_queries is not None:
+        check_int("preservation_queries", preservation_queries, low=1)
+    tokenizer = load_tokenizer(tokenizer)
+    config = NeedleInAHaystackConfig(
+        tokenizer=tokenizer,
+        context_lengths=list(context_lengths),
+        depths=list(depths),
+        samples_per_cell=samples_per_cell,
+        haystack=haystack,
+        seed=seed,
+    )
+    rows = list(config.rows())
+    last_rows = preservation_queries or len(config._question_ids)  # the question closes every prompt
+    prefix = _bos_prefix(tokenizer)
+    longest = len(prefix) + max(len(row["input_ids"]) + len(row["answer_ids"]) for row in rows)
+    limit = getattr(model.config, "max_position_embeddings", None)
+    if isinstance(limit, int) and longest > limit:
+        raise ValueError(
+            f"context_lengths: the longest prompt plus its answer has {longest} tokens, more than the model's "
+            f"max_position_embeddings={limit}"
+        )
+
+    current = CABParams.from_config(model.config)
+    header = {
+        "format": _FORMAT,
+        "model": str(getattr(model.config, "name_or_path", "") or ""),
+        "model_class": type(model).__name__,
+        "dtype": str(next(model.parameters()).dtype),
+        "tokenizer": tokenizer_fingerprint(tokenizer),
+        "seed": seed,
+        "block_size": block_size,
+        "budget": budget,
+        "haystack": _haystack_id(haystack),
+        "preservation_queries": preservation_queries,
+        # CAB hyperparameters run_niah does not set: taken from the model's config as they are
+        "cab": {name: getattr(current, name) for name in ("lam", "sink_blocks", "magnitude_fraction")},
+    }
+    done: dict[tuple, dict] = {}
+    handle = None
+    if results_file is not None:
+        path = Path(results_file)
+        found, loaded = _read_results(path)
+        if found is not None:
+            _check_header(path, found, header)
+        done = {_key(record): record for record in loaded}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(path, "a", encoding="utf-8")  # closed in the finally below
+        if found is None:
+            handle.write(json.dumps({_HEADER: header}) + "\n")
+            handle.flush()
+
+    pad_id = _pad_token_id(model, tokenizer)
+    records: list[dict[str, Any]] = []
+    bar = tqdm(total=len(methods) * len(rows), desc="niah", disable=not progress, dynamic_ncols=True)
+    try:
+        with _restoring(model):
+            model.eval()
+            for method in methods:
+                hits = total = 0
+                switched = False
+                for row in rows:
+                    key = (method.label, int(row["context_length"]), float(row["depth"]), int(row["sample"]))
+                    record = done.get(key)
+                    if record is None:
+                        if not switched:
+                            _use_method(model, method, block_size, budget)
+                            switched = True
+                        record = _evaluate_row(model, tokenizer, row, method, last_rows, pad_id, prefix)
+                        if handle is not None:
+                            handle.write(json.dumps(record) + "\n")
+                            handle.flush()
+                        done[key] = record
+                    records.append(record)
+                    hits += bool(record["exact_match"])
+                    total += 1
+                    bar.set_postfix(method=method.label, acc=f"{hits / total:.3f}", refresh=False)
+                    bar.update(1)
+    finally:
+        bar.close()
+        if handle is not None:
+            handle.close()
+    return records
+
+
+# -- summary and report ----------------------------------------------------------------------------
+
+
+def summarize_niah(records):
+    """Per method: accuracy, % of dense accuracy, mean answer log-prob and mean preservation.
+
+    ``records``: the list :func:`run_niah` returns (or a ``pandas.DataFrame`` of it). Returns a
+    ``pandas.DataFrame`` with columns ``method, policy, sparsity, n, accuracy, pct_of_dense, answer_logprob,
+    preservation, best``: dense first, then by sparsity and policy; ``best`` marks the best CAB policy at
+    each sparsity (accuracy, then log-prob). ``pct_of_dense`` is NaN without a dense record or when dense
+    accuracy is 0.
+    """
+    import pandas as pd
+
+    frame = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
+    if frame.empty:
+        raise ValueError("records must not be empty")
+    missing = [name for name in RECORD_FIELDS[:11] if name not in frame.columns]
+    if missing:
+        raise ValueError(f"records lack the fields {missing}; expected those of RECORD_FIELDS")
+    frame["exact_match"] = frame["exact_match"].astype(float)
+    order = {label: i for i, label in enumerate(dict.fromkeys(frame["method"]))}
+    summary = (
+        frame.groupby(["method", "policy", "sparsity"], sort=False)
+        .agg(
+            n=("exact_match", "size"),
+            accuracy=("exact_match", "mean"),
+            answer_logprob=("answer_logprob", "mean"),
+            preservation=("preservation", "mean"),
+        )
+        .reset_index()
+    )
+    dense = summary.loc[summary["method"] == DENSE, "accuracy"]
+    dense_accuracy = float(dense.iloc[0]) if len(dense) else math.nan
+    summary["pct_of_dense"] = (
+        100.0 * summary["accuracy"] / dense_accuracy if dense_accuracy and dense_accuracy > 0 else math.nan
+    )
+    policy_order = {p: i for i, p in enumerate(dict.fromkeys(summary["policy"]))}
+    summary["_cab"] = summary["method"] != DENSE
+    summary["_policy"] = summary["policy"].map(policy_order)
+    summary["_first"] = summary["method"].map(order)
+    summary = summary.sort_values(["_cab", "sparsity", "_policy", "_first"], kind="stable").reset_index(drop=True)
+    summary["best"] = False
+    cab = summary[summary["method"] != DENSE]
+    for _, group in cab.groupby("sparsity", sort=False):
+        best = group.sort_values(["accuracy", "answer_logprob"], ascending=False, kind="stable").index[0]
+        summary.loc[best, "best"] = True
+    columns = ["method", "policy", "sparsity", "n", "accuracy", "pct_of_dense", "answer_logprob", "preservation"]
+    return summary[[*columns, "best"]]
+
+
+def _summary_markdown(summary) -> str:
+    def number(value: float, spec: str) -> str:
+        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
+
+    lines = [
+        "| method | policy | sparsity | n | accuracy | % of dense | answer log-prob | preservation |",
+        "|:---|:---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in summary.itertuples(index=False):
+        method = f"**{row.method}** ★" if row.best else row.method
+        lines.append(
+            f"| {method} | {row.policy} | {row.sparsity:.2f} | {row.n} | {row.accuracy:.3f} | "
+            f"{number(row.pct_of_dense, '.1f')} | {row.answer_logprob:.3f} | {row.preservation:.3f} |"
+        )
+    note = "★ best CAB policy at its sparsity (accuracy, then answer log-prob)."
+    return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+def _heatmap(frame, label: str, path: Path) -> Path:
+    from matplotlib.colors import LinearSegmentedColormap
+
+    from .plotting import new_axes, save_figure
+
+    grid = frame.pivot_table(index="depth", columns="context_length", values="exact_match", aggfunc="mean")
+    grid = grid.sort_index().sort_index(axis=1)
+    fig, ax = new_axes(f"Needle in a haystack: {label}", size=(1.6 + 0.9 * grid.shape[1], 1.4 + 0.5 * grid.shape[0]))
+    ax.grid(False)
+    cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])  # gkamradt's colours
+    image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    for i in range(grid.shape[0]):
+        for j in range(grid.shape[1]):
+            value = grid.iat[i, j]
+            if not math.isnan(value):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
+    ax.set_yticks(range(grid.shape[0]), [f"{100 * d:g}%" for d in grid.index])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    fig.colorbar(image, ax=ax, label="accuracy")
+    return save_figure(fig, path)
+
+
+def _accuracy_plot(summary, path: Path) -> Path:
+    from .plotting import new_axes, save_figure
+
+    fig, ax = new_axes("Passkey accuracy against CAB sparsity")
+    for policy, group in summary[summary["method"] != DENSE].groupby("policy", sort=False):
+        group = group.sort_values("sparsity")
+        ax.plot(group["sparsity"].tolist(), group["accuracy"].tolist(), marker="o", label=policy)
+    dense = summary[summary["method"] == DENSE]
+    if len(dense):
+        ax.axhline(float(dense["accuracy"].iloc[0]), color="0.3", linestyle="--", label="dense (sdpa)")
+    ax.set_xlabel("sparsity (fraction of causal blocks dropped)")
+    ax.set_ylabel("exact-match accuracy")
+    ax.set_ylim(-0.03, 1.03)
+    ax.legend()
+    return save_figure(fig, path)
+
+
+def write_niah_report(records, out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write ``summary.csv``, ``summary.md``, ``heatmap_<label>.png`` per method and ``accuracy_vs_sparsity.png``.
+
+    Returns ``{file name: path}``.
+    """
+    import pandas as pd
+
+    frame = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
+    summary = summarize_niah(frame)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    written = {}
+    summary.to_csv(out / "summary.csv", index=False)
+    written["summary.csv"] = out / "summary.csv"
+    (out / "summary.md").write_text(_summary_markdown(summary), encoding="utf-8")
+    written["summary.md"] = out / "summary.md"
+    frame["exact_match"] = frame["exact_match"].astype(float)
+    for label in summary["method"]:
+        name = f"heatmap_{label}.png"
+        written[name] = _heatmap(frame[frame["method"] == label], label, out / name)
+    written["accuracy_vs_sparsity.png"] = _accuracy_plot(summary, out / "accuracy_vs_sparsity.png")
+    return written

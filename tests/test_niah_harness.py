@@ -1,0 +1,444 @@
+"""The needle-in-a-haystack harness: records checked against independent computations, resume, report, CLI.
+
+A tiny random GPT-2 over the builder tests' on-the-fly byte-level BPE (no downloads). Exact match and the
+answer log-prob are recomputed with plain forwards; the preservation score is recomputed from queries and
+keys captured with forward hooks, with full dense softmax and the full token mask.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+import torch
+from test_niah_builder import gpt2_like
+from tokenizers import processors
+from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
+
+import hf_icl.evaluation.niah as niah
+from hf_icl.attention.block_sparse import token_mask
+from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
+from hf_icl.attention.selection import attention_preservation
+from hf_icl.cli import main
+from hf_icl.data.niah import NeedleInAHaystackConfig
+from hf_icl.evaluation.niah import (
+    RECORD_FIELDS,
+    NIAHMethod,
+    load_niah_results,
+    needle_preservation,
+    niah_methods,
+    run_niah,
+    summarize_niah,
+    write_niah_report,
+)
+
+GRID = {"context_lengths": [96, 128], "depths": [0.0, 0.5, 1.0], "samples_per_cell": 1}
+# at sparsity 0.25 the row budget leaves each query block one block beyond its forced two: policies differ
+POLICIES = ["frc", "streaming", "oracle"]
+N_METHODS = 1 + 3 * 2 + 2
+TYPES = {
+    "method": str,
+    "policy": str,
+    "sparsity": float,
+    "context_length": int,
+    "depth": float,
+    "sample": int,
+    "answer": str,
+    "generated": str,
+    "exact_match": bool,
+    "answer_logprob": float,
+    "preservation": float,
+    "needle_start": int,
+    "needle_end": int,
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return gpt2_like()
+
+
+def tiny_gpt2(vocab_size: int, seed: int = 0) -> GPT2LMHeadModel:
+    torch.manual_seed(seed)
+    config = GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=2,
+        n_positions=256,
+        vocab_size=vocab_size,
+        bos_token_id=None,
+        eos_token_id=None,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+    )
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def model(tokenizer):
+    return tiny_gpt2(len(tokenizer))
+
+
+@pytest.fixture(scope="module")
+def records(model, tokenizer):
+    methods = [*niah_methods(POLICIES, [0.25, 0.9]), NIAHMethod("dense", 0.9), NIAHMethod("magnitude", 0.0)]
+    return run_niah(model, tokenizer, methods=methods, block_size=16, progress=False, **GRID)
+
+
+def _rows(tokenizer, **grid):
+    return list(NeedleInAHaystackConfig(tokenizer=tokenizer, **{**GRID, **grid}).rows())
+
+
+def _question_tokens(tokenizer) -> int:
+    row = _rows(tokenizer, depths=[1.0])[0]
+    return row["context_length"] - row["needle_end"]  # at depth 1 the question follows the needle
+
+
+def test_methods_and_labels():
+    methods = niah_methods()
+    assert methods[0] == NIAHMethod("sdpa", 0.0) and methods[0].label == "sdpa"
+    assert len(methods) == 1 + 6 * 4
+    assert {m.policy for m in methods[1:]} == {"frc", "frc_low", "magnitude", "hybrid", "streaming", "oracle"}
+    assert NIAHMethod("frc", 0.9).label == "cab-frc@0.90" and NIAHMethod("hybrid", 0.975).label == "cab-hybrid@0.975"
+    for bad, match in [
+        (lambda: NIAHMethod("nope", 0.5), "method must be one of"),
+        (lambda: NIAHMethod("frc", 1.0), r"sparsity must be in \[0, 1\)"),
+        (lambda: NIAHMethod("sdpa", 0.5), "sdpa.*sparsity must be 0"),
+        (lambda: niah_methods(["frc", "bogus"], [0.5]), r"policies\[1\] must be one of"),
+        (lambda: niah_methods(["frc"], [0.5, 1.2]), r"sparsities\[1\] must be in \[0, 1\)"),
+        (lambda: niah_methods(["frc", "frc"], [0.5]), "policies must not repeat"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            bad()
+
+
+def test_records_cover_the_grid_with_typed_fields(records):
+    assert len(records) == N_METHODS * 2 * 3 * 1
+    keys = {(r["method"], r["context_length"], r["depth"], r["sample"]) for r in records}
+    assert len(keys) == len(records)
+    for record in records:
+        assert tuple(record) == RECORD_FIELDS
+        for name, kind in TYPES.items():
+            assert type(record[name]) is kind, (name, record[name])
+        assert 0.0 <= record["preservation"] <= 1.0 + 1e-6
+        assert math.isfinite(record["answer_logprob"]) and record["answer_logprob"] < 0
+        assert record["exact_match"] == (record["generated"] == record["answer"])
+
+
+def test_answer_logprob_and_exact_match_match_independent_loops(records, model, tokenizer):
+    dense = [r for r in records if r["method"] == "sdpa"]
+    rows = _rows(tokenizer)
+    assert len(dense) == len(rows)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        for record, row in zip(dense, rows, strict=True):
+            assert (record["context_length"], record["depth"]) == (row["context_length"], row["depth"])
+            ids = list(row["input_ids"])
+            logprob = 0.0
+            for i, token in enumerate(row["answer_ids"]):  # one forward per answer token
+                logits = model(torch.tensor([ids + row["answer_ids"][:i]])).logits[0, -1]
+                logprob += float(torch.log_softmax(logits.double(), -1)[token])
+            assert record["answer_logprob"] == pytest.approx(logprob, abs=1e-4)
+            greedy = list(ids)
+            for _ in row["answer_ids"]:  # argmax token by token, no cache
+                greedy.append(int(model(torch.tensor([greedy])).logits[0, -1].argmax()))
+            text = tokenizer.decode(greedy[len(ids) :]).strip()
+            assert record["generated"] == text
+            assert record["exact_match"] == (text == row["answer"])
+
+
+def test_dense_selections_preserve_everything(records):
+    for record in records:
+        if record["method"] in ("sdpa", "cab-dense@0.90", "cab-magnitude@0.00"):
+            assert record["preservation"] == pytest.approx(1.0, abs=1e-6)
+    # the dense policy runs CAB's sparse path over every causal block: the same model outputs as dense
+    by_key = {(r["method"], r["context_length"], r["depth"]): r for r in records}
+    for (method, length, depth), record in by_key.items():
+        if method == "cab-dense@0.90":
+            assert record["answer_logprob"] == pytest.approx(by_key["sdpa", length, depth]["answer_logprob"], abs=1e-4)
+
+
+def test_dropping_the_needle_blocks_loses_its_attention(records):
+    # streaming at 0.9 keeps the sink block and the question's own block only (8 blocks of 16 at length 128)
+    record = next(r for r in records if r["method"] == "cab-streaming@0.90" and r["context_length"] == 128)
+    assert record["depth"] == 0.0 and record["needle_start"] == 0  # the needle sits in the kept sink block
+    assert record["preservation"] > 0.0
+    middle = next(
+        r for r in records if r["method"] == "cab-streaming@0.90" and r["context_length"] == 128 and r["depth"] == 0.5
+    )
+    assert 16 <= middle["needle_start"] and middle["needle_end"] <= 112  # the needle lies in dropped blocks only
+    assert middle["preservation"] == 0.0
+    assert any(0.0 < r["preservation"] < 1.0 for r in records)
+    # with a free block per row the policies choose differently, and it shows in the score
+    by_policy = {
+        policy: [r["preservation"] for r in records if r["method"] == f"cab-{policy}@0.25"] for policy in POLICIES
+    }
+    assert by_policy["frc"] != by_policy["streaming"] and by_policy["oracle"] != by_policy["streaming"]
+
+
+def _captured_qk(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's query and key, ``(1, H, N, D)``, read off GPT-2's fused qkv projection with hooks."""
+    captured = []
+    heads, dim = model.config.n_head, model.config.n_embd // model.config.n_head
+
+    def hook(module, inputs, output):
+        q, k, _ = output.split(model.config.n_embd, dim=2)
+        captured.append(tuple(x.view(1, -1, heads, dim).transpose(1, 2) for x in (q, k)))
+
+    handles = [block.attn.c_attn.register_forward_hook(hook) for block in model.transformer.h]
+    try:
+        with torch.no_grad():
+            model(ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return captured
+
+
+@pytest.mark.parametrize("method", ["cab-frc@0.25", "cab-streaming@0.25", "cab-oracle@0.25", "cab-frc@0.90"])
+def test_preservation_matches_an_independent_full_computation(records, model, tokenizer, method):
+    policy, sparsity = method[4:].split("@")
+    n_rows = _question_tokens(tokenizer)
+    params = CABParams(sparsity=float(sparsity), policy=policy, block_size=16, min_seq_len=0)
+    for row in _rows(tokenizer, context_lengths=[128]):
+        record = next(
+            r for r in records if (r["method"], r["context_length"], r["depth"]) == (method, 128, row["depth"])
+        )
+        enable_cab(model, **{k: getattr(params, k) for k in ("sparsity", "policy", "block_size", "min_seq_len")})
+        try:
+            layers = _captured_qk(model, torch.tensor([row["input_ids"]]))
+        finally:
+            model.set_attn_implementation("sdpa")
+        assert len(layers) == 2
+        n = len(row["input_ids"])
+        needle = torch.zeros(n, dtype=torch.bool)
+        needle[row["needle_start"] : row["needle_end"]] = True
+        scores = []
+        for q, k in layers:
+            scaling = q.shape[-1] ** -0.5
+            keep = select_cab_blocks(q, k, params, scaling)
+            causal = torch.ones(n, n, dtype=torch.bool).tril()
+            probs = torch.softmax((q @ k.transpose(-1, -2) * scaling).masked_fill(~causal, -math.inf), -1)
+            kept = token_mask(keep, 16, n, n)
+            scores.append(attention_preservation(probs[:, :, -n_rows:], kept[:, :, -n_rows:], needle).mean())
+        assert record["preservation"] == pytest.approx(float(torch.stack(scores).mean()), abs=1e-5)
+
+
+@pytest.mark.parametrize(("n_q", "n_k", "rows"), [(100, 100, 9), (100, 100, 40), (37, 69, 5), (64, 128, 64)])
+def test_needle_preservation_equals_full_masked_softmax(n_q, n_k, rows):
+    g = torch.Generator().manual_seed(n_q + rows)
+    q, k = torch.randn(2, 4, n_q, 32, generator=g), torch.randn(2, 2, n_k, 32, generator=g)  # grouped-query heads
+    m_q, m_k = -(-n_q // 16), -(-n_k // 16)
+    keep = torch.rand(2, 4, m_q, m_k, generator=g) < 0.5
+    offset = n_k - n_q
+    got = needle_preservation(q, k, keep, block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows)
+    k_full = k.repeat_interleave(2, dim=1)
+    causal = (offset + torch.arange(n_q))[:, None] >= torch.arange(n_k)
+    probs = torch.softmax((q @ k_full.transpose(-1, -2) * 0.2).masked_fill(~causal, -math.inf), -1)
+    kept = token_mask(keep, 16, n_q, n_k, offset)
+    needle = torch.arange(n_k)
+    expected = attention_preservation(probs[:, :, -rows:], kept[:, :, -rows:], (needle >= 20) & (needle < 50))
+    assert got.shape == (2, 4)
+    torch.testing.assert_close(got, expected)
+
+
+def test_attention_implementation_and_mode_are_restored(tokenizer):
+    model = tiny_gpt2(len(tokenizer))
+    model.set_attn_implementation("eager")
+    model.train()
+    methods = [NIAHMethod(), NIAHMethod("hybrid", 0.75)]
+    run_niah(model, tokenizer, methods=methods, progress=False, context_lengths=[96], depths=[0.5], samples_per_cell=1)
+    assert model.config._attn_implementation == "eager" and model.training
+    assert not any(name.startswith("cab_") for name in model.config.to_dict())
+
+
+def test_resume_skips_done_records_and_refuses_another_config(tokenizer, model, tmp_path, monkeypatch):
+    path = tmp_path / "niah" / "results.jsonl"
+    methods = [NIAHMethod(), NIAHMethod("frc", 0.75)]
+    partial = {"context_lengths": [96], "depths": [0.0, 1.0], "samples_per_cell": 1}
+    first = run_niah(model, tokenizer, methods=methods, results_file=path, progress=False, **partial)
+    assert len(first) == 4
+    computed = []
+    original = niah._evaluate_row
+
+    def counting(model, tokenizer, row, method, *args):
+        computed.append((method.label, row["context_length"], row["depth"], row["sample"]))
+        return original(model, tokenizer, row, method, *args)
+
+    monkeypatch.setattr(niah, "_evaluate_row", counting)
+    with path.open("a") as handle:  # a crash in the middle of a write leaves a partial line
+        handle.write('{"method": "sdpa", "context_len')
+    full = run_niah(model, tokenizer, methods=methods, results_file=path, progress=True, **GRID)
+    assert len(full) == 2 * 2 * 3
+    done = {(r["method"], r["context_length"], r["depth"], r["sample"]) for r in first}
+    assert len(computed) == len(full) - len(first) and not done & set(computed)
+    lines = path.read_text().splitlines()
+    assert "niah_header" in json.loads(lines[0])
+    stored = [json.loads(line) for line in lines[1:]]
+    keys = [(r["method"], r["context_length"], r["depth"], r["sample"]) for r in stored]
+    assert len(keys) == len(set(keys)) == len(full)
+    assert load_niah_results(path) == stored
+    assert [r for r in full if r in first] == first  # loaded records come back as they were written
+    computed.clear()
+    again = run_niah(model, tokenizer, methods=methods, results_file=path, progress=False, **GRID)
+    assert again == full and computed == []
+    for change in ({"seed": 1}, {"block_size": 32}, {"budget": "global"}):
+        with pytest.raises(ValueError, match="another configuration.*" + next(iter(change))):
+            run_niah(model, tokenizer, methods=methods, results_file=path, progress=False, **{**GRID, **change})
+    with pytest.raises(ValueError, match="tokenizer"):
+        other = gpt2_like()
+        other.add_tokens(["<extra>"])
+        run_niah(model, other, methods=methods, results_file=path, progress=False, **GRID)
+
+
+def test_summary_and_report(records, tmp_path):
+    summary = summarize_niah(records)
+    assert list(summary["method"]) == [
+        "sdpa",
+        "cab-magnitude@0.00",
+        "cab-frc@0.25",
+        "cab-streaming@0.25",
+        "cab-oracle@0.25",
+        "cab-frc@0.90",
+        "cab-streaming@0.90",
+        "cab-oracle@0.90",
+        "cab-dense@0.90",
+    ]
+    assert (summary["n"] == 6).all()
+    frc = [r for r in records if r["method"] == "cab-frc@0.90"]
+    row = summary.set_index("method").loc["cab-frc@0.90"]
+    assert row["accuracy"] == pytest.approx(sum(r["exact_match"] for r in frc) / 6)
+    assert row["answer_logprob"] == pytest.approx(sum(r["answer_logprob"] for r in frc) / 6)
+    assert row["preservation"] == pytest.approx(sum(r["preservation"] for r in frc) / 6)
+    assert summary.groupby("sparsity")["best"].sum().to_dict() == {0.0: 1, 0.25: 1, 0.9: 1}
+    written = write_niah_report(records, tmp_path / "report")
+    for name in [
+        "summary.csv",
+        "summary.md",
+        "accuracy_vs_sparsity.png",
+        "heatmap_sdpa.png",
+        "heatmap_cab-frc@0.90.png",
+    ]:
+        assert (tmp_path / "report" / name).stat().st_size > 0 and name in written
+    assert len([p for p in written if p.startswith("heatmap_")]) == N_METHODS
+    table = [line for line in (tmp_path / "report" / "summary.md").read_text().splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + N_METHODS  # header + one row per method
+    assert sum("★" in line for line in table) == 3
+
+
+def test_percent_of_dense_and_best_policy():
+    def record(method, sparsity, hit, logprob):
+        policy = "sdpa" if method == "sdpa" else method
+        label = "sdpa" if method == "sdpa" else f"cab-{method}@{sparsity:.2f}"
+        return {
+            "method": label,
+            "policy": policy,
+            "sparsity": sparsity,
+            "context_length": 96,
+            "depth": 0.5,
+            "sample": 0,
+            "answer": "1",
+            "generated": "1" if hit else "2",
+            "exact_match": hit,
+            "answer_logprob": logprob,
+            "preservation": 1.0,
+        }
+
+    records = [record("sdpa", 0.0, True, -1.0), record("sdpa", 0.0, True, -1.0)]
+    records += [record("frc", 0.5, True, -2.0), record("frc", 0.5, False, -2.0)]
+    records += [record("magnitude", 0.5, True, -1.0), record("magnitude", 0.5, False, -1.0)]  # tie: log-prob wins
+    records += [record("frc", 0.9, False, -3.0), record("frc", 0.9, False, -3.0)]
+    summary = summarize_niah(records).set_index("method")
+    assert summary.loc["cab-frc@0.50", "pct_of_dense"] == pytest.approx(50.0)
+    assert summary.loc["cab-frc@0.90", "pct_of_dense"] == 0.0
+    assert summary.loc["cab-magnitude@0.50", "best"] and not summary.loc["cab-frc@0.50", "best"]
+    assert summary.loc["cab-frc@0.90", "best"] and not summary.loc["sdpa", "best"]
+
+
+def test_a_model_that_answers_right_scores_exact_match(tokenizer, monkeypatch):
+    model = tiny_gpt2(len(tokenizer))
+    row = _rows(tokenizer, context_lengths=[96], depths=[0.5])[0]
+
+    def echo(ids, **kwargs):  # a perfect retriever: the prompt followed by the passkey's tokens
+        assert kwargs["max_new_tokens"] == len(row["answer_ids"]) and kwargs["do_sample"] is False
+        return torch.cat([ids, torch.tensor([row["answer_ids"]])], dim=1)
+
+    monkeypatch.setattr(model, "generate", echo)
+    (record,) = run_niah(
+        model, tokenizer, methods=[NIAHMethod()], progress=False, context_lengths=[96], depths=[0.5], samples_per_cell=1
+    )
+    assert record["generated"] == row["answer"] and record["exact_match"] is True
+
+
+def test_bad_arguments_raise_naming_them(model, tokenizer):
+    base = {"methods": [NIAHMethod()], "progress": False, **GRID}
+    for change, match in [
+        ({"depths": [0.5, 1.5]}, r"depths\[1\].*1.5"),
+        ({"block_size": 24}, "cab_block_size"),
+        ({"budget": "nope"}, "cab_budget"),
+        ({"methods": ["sdpa"]}, r"methods\[0\] must be a NIAHMethod"),
+        ({"methods": [NIAHMethod(), NIAHMethod()]}, "methods must not repeat"),
+        ({"context_lengths": [300]}, "max_position_embeddings=256"),
+        ({"preservation_queries": 0}, "preservation_queries"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            run_niah(model, tokenizer, **{**base, **change})
+
+
+def test_cli_end_to_end_and_resume(tokenizer, tmp_path, capsys):
+    saved = tmp_path / "tiny"
+    tiny_gpt2(len(tokenizer), seed=1).save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    out = tmp_path / "niah"
+    argv = ["niah", "--model", str(saved), "--lengths", "96,128", "--depths", "0,0.5", "--samples", "1"]
+    argv += ["--policies", "frc,streaming", "--sparsities", "0.5,0.9", "--device", "cpu", "--dtype", "float32"]
+    argv += ["--output-dir", str(out), "--no-progress"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert "| cab-streaming@0.90 |" in printed or "**cab-streaming@0.90**" in printed
+    results = (out / "results.jsonl").read_text()
+    assert len(results.splitlines()) == 1 + 5 * 2 * 2
+    for name in ["summary.csv", "summary.md", "accuracy_vs_sparsity.png", "heatmap_cab-frc@0.50.png"]:
+        assert (out / name).exists()
+    assert main(argv) == 0  # a rerun resumes: nothing is recomputed or appended
+    assert (out / "results.jsonl").read_text() == results
+    capsys.readouterr()
+    for change, match in [
+        (["--depths", "0,1.5"], r"depths\[1\]"),
+        (["--sparsities", "0.5,1"], r"sparsities\[1\] must be in \[0, 1\)"),
+        (["--policies", "frc,nope"], r"policies\[1\] must be one of"),
+        (["--block-size", "32"], "another configuration"),
+    ]:
+        assert main([*argv, *change]) == 2
+        err = capsys.readouterr().err
+        assert "hf-icl niah: error:" in err and re.search(match, err), err
+
+
+def test_a_bos_token_the_tokenizer_adds_is_prepended(monkeypatch):
+    tokenizer = gpt2_like()
+    backend = tokenizer.backend_tokenizer
+    backend.add_special_tokens(["<s>"])
+    bos = backend.token_to_id("<s>")
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, bos_token="<s>")
+    assert tokenizer("The sky")["input_ids"][0] == bos
+    model = tiny_gpt2(len(tokenizer))
+    seen, spans = [], []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda ids, **kw: seen.append(ids[0].tolist()) or generate(ids, **kw))
+
+    class Probe(niah._PreservationProbe):
+        def __init__(self, start, end, rows):
+            spans.append((start, end))
+            super().__init__(start, end, rows)
+
+    monkeypatch.setattr(niah, "_PreservationProbe", Probe)
+    grid = {"context_lengths": [96], "depths": [0.5], "samples_per_cell": 1}
+    (record,) = run_niah(model, tokenizer, methods=[NIAHMethod("streaming", 0.25)], progress=False, **grid)
+    (row,) = _rows(tokenizer, **grid)
+    assert seen == [[bos, *row["input_ids"]]]
+    assert spans == [(row["needle_start"] + 1, row["needle_end"] + 1)]
+    assert (record["needle_start"], record["needle_end"]) == (row["needle_start"], row["needle_end"])
