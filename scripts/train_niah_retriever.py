@@ -130,6 +130,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--output-dir", required=True)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--init-from", default=None, help="continue from a saved retriever (model + tokenizer dir)")
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--heads", type=int, default=4)
@@ -162,6 +163,8 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
     torch.manual_seed(args.seed)
     out = Path(args.output_dir)
     tokenizer = build_tokenizer(args.vocab_size)
+    if args.init_from:
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(args.init_from)
     niah = NeedleInAHaystackConfig(
         tokenizer=tokenizer,
         context_lengths=[args.max_length],
@@ -184,7 +187,9 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
         resid_pdrop=0.0,
         embd_pdrop=0.0,
     )
-    model = GPT2LMHeadModel(config)
+    model = GPT2LMHeadModel.from_pretrained(args.init_from) if args.init_from else GPT2LMHeadModel(config)
+    if model.config.n_positions < args.max_length + 1:
+        raise ValueError(f"--max-length {args.max_length} exceeds the model's n_positions {model.config.n_positions}")
     training = TrainingArguments(
         output_dir=str(out / "checkpoints"),
         max_steps=args.steps,

@@ -53,3 +53,25 @@ def test_bench_samplers_reports_every_family():
 
     table = load("bench_samplers").main(["--batch-size", "4", "--n-points", "5", "--n-dims", "3", "--repeats", "1"])
     assert all(f"| {name} |" in table for name in available_tasks())
+
+
+def test_train_niah_retriever_saves_a_reloadable_model_with_card_and_eval(tmp_path):
+    """A few steps of the retriever script: save_pretrained output reloads, the card and the eval agree."""
+    import json
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "retriever"
+    argv = ["--output-dir", str(out), "--steps", "4", "--ramp-steps", "2", "--batch-size", "2", "--layers", "1"]
+    argv += ["--width", "32", "--heads", "2", "--max-length", "128", "--eval-lengths", "64", "128"]
+    argv += ["--eval-depths", "0.5", "--eval-samples", "1"]
+    accuracy = load("train_niah_retriever").main(argv)
+    assert set(accuracy) == {64, 128} and all(0.0 <= a <= 1.0 for a in accuracy.values())
+    assert json.loads((out / "retrieval_eval.json").read_text()) == {str(k): v for k, v in accuracy.items()}
+    card = (out / "README.md").read_text()
+    assert all(f"| {length} | {100 * a:.1f}% |" in card for length, a in accuracy.items())
+    model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    ids = tokenizer("The pass key is 12345.", return_tensors="pt").input_ids
+    assert all(len(tokenizer.convert_ids_to_tokens([i])[0].strip("Ġ")) <= 1 for i in ids[0, 4:9].tolist())
+    assert torch.isfinite(model(ids).logits).all()
