@@ -305,58 +305,56 @@ def _ids(length: int, device, vocab: int) -> torch.Tensor:
     return torch.randint(vocab, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
 
 
+def _model_row(args, length: int, measured) -> str:
+    """Time ``measured(model, ids)`` (a zero-argument callable it returns) on an sdpa and a cab GPT-2: one row."""
+    times = {}
+    for implementation in ("sdpa", "cab"):
+        model = _gpt2(args, length, implementation, args.model_sparsity)
+        ids = _ids(length + 1, args.device, model.config.vocab_size)
+        with torch.no_grad():
+            times[implementation] = median_seconds(measured(model, ids), args.repeats, args.device, warmup=args.warmup)
+        del model
+    sdpa, cab = times["sdpa"], times["cab"]
+    return f"| {length} | {1e3 * sdpa:.2f} | {1e3 * cab:.2f} | {sdpa / cab:.2f}× |"
+
+
+def _prefill(model, ids):
+    return lambda: model(ids[:, :-1], use_cache=False)
+
+
+def _decode_step(model, ids):
+    """One new token on a cache prefilled with all but the last id; the cache is cropped back after each step."""
+    cache = model(ids[:, :-1], use_cache=True).past_key_values
+
+    def step():
+        model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        cache.crop(-1)
+
+    return step
+
+
 def model_prefill_section(args) -> list[str]:
-    lines = [
+    return [
         "",
         f"End-to-end prefill, GPT-2-shaped model ({args.model_layers} layers, no LM head, {args.dtype_name}), "
         f"CAB {args.policy} at sparsity {args.model_sparsity}:",
         "",
         "| T | sdpa ms | cab ms | speed-up |",
         "|---:|---:|---:|---:|",
+        *(_model_row(args, length, _prefill) for length in args.model_lengths),
     ]
-    for length in args.model_lengths:
-        times = {}
-        for implementation in ("sdpa", "cab"):
-            model = _gpt2(args, length, implementation, args.model_sparsity)
-            ids = _ids(length, args.device, model.config.vocab_size)
-            with torch.no_grad():
-                times[implementation] = median_seconds(
-                    lambda m=model, x=ids: m(x, use_cache=False), args.repeats, args.device, warmup=args.warmup
-                )
-            del model
-        lines.append(
-            f"| {length} | {1e3 * times['sdpa']:.1f} | {1e3 * times['cab']:.1f} | {times['sdpa'] / times['cab']:.2f}× |"
-        )
-    return lines
 
 
 def decode_section(args) -> list[str]:
-    lines = [
+    return [
         "",
         f"Decode latency per token, GPT-2-shaped model ({args.model_layers} layers, {args.dtype_name}), one new token "
         f"on a prefilled cache; CAB {args.policy} at sparsity {args.model_sparsity} (selection recomputed each step):",
         "",
         "| cache length | sdpa ms/token | cab ms/token | speed-up |",
         "|---:|---:|---:|---:|",
+        *(_model_row(args, length, _decode_step) for length in args.cache_lengths),
     ]
-    for length in args.cache_lengths:
-        times = {}
-        for implementation in ("sdpa", "cab"):
-            model = _gpt2(args, length, implementation, args.model_sparsity)
-            ids = _ids(length + 1, args.device, model.config.vocab_size)
-            with torch.no_grad():
-                cache = model(ids[:, :length], use_cache=True).past_key_values
-
-                def step(m=model, c=cache, x=ids[:, length:]):
-                    m(x, past_key_values=c, use_cache=True)
-                    c.crop(-1)  # drop the new token again
-
-                times[implementation] = median_seconds(step, args.repeats, args.device, warmup=args.warmup)
-            del model, cache
-        lines.append(
-            f"| {length} | {1e3 * times['sdpa']:.2f} | {1e3 * times['cab']:.2f} | {times['sdpa'] / times['cab']:.2f}× |"
-        )
-    return lines
 
 
 def _ms(seconds) -> str:
