@@ -177,7 +177,8 @@ def run_niah_command(args) -> int:
     from transformers import AutoModelForCausalLM
 
     from .data.niah import NeedleInAHaystackConfig, load_tokenizer
-    from .evaluation.niah import niah_methods, run_niah, write_niah_report
+    from .evaluation.niah import niah_methods, run_niah
+    from .evaluation.niah_report import write_niah_report
 
     methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
     model_path = str(Path(args.model).resolve()) if os.path.exists(args.model) else args.model

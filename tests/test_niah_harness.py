@@ -30,9 +30,8 @@ from hf_icl.evaluation.niah import (
     needle_preservation,
     niah_methods,
     run_niah,
-    summarize_niah,
-    write_niah_report,
 )
+from hf_icl.evaluation.niah_report import summarize_niah, write_niah_report
 
 GRID = {"context_lengths": [96, 128], "depths": [0.0, 0.5, 1.0], "samples_per_cell": 1}
 # at sparsity 0.25 the row budget leaves each query block one block beyond its forced two: policies differ
