@@ -71,6 +71,17 @@ class RetrievalPrompts(IterableDataset):
                 yield {"input_ids": ids, "labels": ids}
 
 
+def extend_positions(model: GPT2LMHeadModel, n_positions: int) -> None:
+    """Grow the learned position table of a model continued at longer lengths: old rows kept, new ones drawn
+    like GPT-2's initialisation (the length curriculum then trains them)."""
+    old = model.transformer.wpe.weight.data
+    new = torch.nn.Embedding(n_positions, old.shape[1])
+    new.weight.data.normal_(0.0, model.config.initializer_range)
+    new.weight.data[: old.shape[0]] = old
+    model.transformer.wpe = new
+    model.config.n_positions = n_positions
+
+
 def retrieval_loss(answer_tokens: int, answer_weight: float):
     """Next-token CE on every position + ``answer_weight`` × CE on the last ``answer_tokens`` (the passkey)."""
 
@@ -188,8 +199,8 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
         embd_pdrop=0.0,
     )
     model = GPT2LMHeadModel.from_pretrained(args.init_from) if args.init_from else GPT2LMHeadModel(config)
-    if model.config.n_positions < args.max_length + 1:
-        raise ValueError(f"--max-length {args.max_length} exceeds the model's n_positions {model.config.n_positions}")
+    if model.config.n_positions < args.max_length + 16:
+        extend_positions(model, args.max_length + 16)
     training = TrainingArguments(
         output_dir=str(out / "checkpoints"),
         max_steps=args.steps,

@@ -75,3 +75,22 @@ def test_train_niah_retriever_saves_a_reloadable_model_with_card_and_eval(tmp_pa
     ids = tokenizer("The pass key is 12345.", return_tensors="pt").input_ids
     assert all(len(tokenizer.convert_ids_to_tokens([i])[0].strip("Ġ")) <= 1 for i in ids[0, 4:9].tolist())
     assert torch.isfinite(model(ids).logits).all()
+
+
+def test_train_niah_retriever_continues_at_a_longer_length(tmp_path):
+    """--init-from keeps the trained position rows and grows the table for the longer prompts."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    script = load("train_niah_retriever")
+    small = ["--steps", "2", "--ramp-steps", "1", "--batch-size", "2", "--layers", "1", "--width", "32", "--heads", "2"]
+    evaluation = ["--eval-lengths", "64", "--eval-depths", "0.5", "--eval-samples", "1"]
+    first, second = tmp_path / "first", tmp_path / "second"
+    script.main(["--output-dir", str(first), "--max-length", "96", *small, *evaluation])
+    script.main(["--output-dir", str(second), "--init-from", str(first), "--max-length", "160", *small, *evaluation])
+    before, after = (AutoModelForCausalLM.from_pretrained(path) for path in (first, second))
+    assert before.config.n_positions == 96 + 16 and after.config.n_positions == 160 + 16
+    assert after.transformer.wpe.weight.shape[0] == 176
+    moved = (after.transformer.wpe.weight[:112] - before.transformer.wpe.weight).abs().max()
+    assert 0 < moved < 0.1  # trained on (two small steps), not re-initialised
+    assert torch.isfinite(after(torch.zeros(1, 170, dtype=torch.long)).logits).all()
