@@ -57,9 +57,9 @@ if triton is not None:
 
     @triton.jit
     def _row_stats(lse, delta, row0, rows, row_ok):
-        """Row lse (``+inf`` where no key was seen, so that ``exp(s - lse) = 0``) and ``delta``, both fp32."""
+        """Row lse and ``delta``, both fp32. A row that saw no key (lse = -inf) has no allowed key either, so the
+        callers' ``where(allowed, exp(s - lse), 0)`` gives it p = 0 without a special case."""
         row_lse = tl.load(lse + row0 + rows.to(tl.int64), mask=row_ok, other=float("inf"))
-        row_lse = tl.where(row_lse == float("-inf"), float("inf"), row_lse)
         row_delta = tl.load(delta + row0 + rows.to(tl.int64), mask=row_ok, other=0.0)
         return row_lse, row_delta
 
