@@ -197,41 +197,38 @@ def coarsening_section(args, use_kernel: bool) -> list[str]:
     return lines
 
 
-def attention_section(args, use_kernel: bool) -> list[str]:
-    flex = _compiled_flex(args) if args.flex else None
-    lines = []
-    for shape in args.shapes:
-        batch, heads, dim = shape
-        scaling = dim**-0.5
-        lines += [
-            "",
-            f"Prefill attention (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
-            f"{args.dtype_name}); speed-ups are dense time / method time:",
-            "",
-            "| T | sparsity | dense ms | CAB total ms | CAB speed-up | kernel ms | kernel speed-up | flex ms "
-            "| kernel vs flex | selection % of CAB |",
-            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        ]
-        for length in args.lengths:
-            q, k, v = _inputs(shape, length, args.dtype, args.device)
-            dense = median_seconds(dense_causal, args.repeats, args.device, q, k, v, warmup=args.warmup)
-            for sparsity in args.sparsities:
-                params = CABParams(sparsity=sparsity, block_size=args.block_size, policy=args.policy, min_seq_len=0)
-                total = median_seconds(
-                    cab_prefill, args.repeats, args.device, q, k, v, params, scaling, use_kernel, warmup=args.warmup
-                )
-                keep = select_cab_blocks(q, k, params, scaling)
-                selection = median_seconds(
-                    select_cab_blocks, args.repeats, args.device, q, k, params, scaling, warmup=args.warmup
-                )
-                kernel = _kernel_time(args, q, k, v, keep, scaling, use_kernel)
-                flex_time = _flex_time(args, flex, q, k, v, keep, scaling)
-                lines.append(
-                    f"| {length} | {sparsity:.2f} | {1e3 * dense:.2f} | {1e3 * total:.2f} | {dense / total:.2f}× | "
-                    f"{_ms(kernel)} | {_ratio(dense, kernel)} | {_ms(flex_time)} | {_ratio(flex_time, kernel)} | "
-                    f"{100 * selection / total:.0f}% |"
-                )
-            del q, k, v
+def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex) -> list[str]:
+    batch, heads, dim = shape
+    scaling = dim**-0.5
+    lines = [
+        "",
+        f"Prefill attention (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
+        f"{args.dtype_name}); speed-ups are dense time / method time:",
+        "",
+        "| T | sparsity | dense ms | CAB total ms | CAB speed-up | kernel ms | kernel speed-up | flex ms "
+        "| kernel vs flex | selection % of CAB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.lengths:
+        q, k, v = _inputs(shape, length, args.dtype, args.device)
+        dense = median_seconds(dense_causal, args.repeats, args.device, q, k, v, warmup=args.warmup)
+        for sparsity in args.sparsities:
+            params = CABParams(sparsity=sparsity, block_size=args.block_size, policy=args.policy, min_seq_len=0)
+            total = median_seconds(
+                cab_prefill, args.repeats, args.device, q, k, v, params, scaling, use_kernel, warmup=args.warmup
+            )
+            keep = select_cab_blocks(q, k, params, scaling)
+            selection = median_seconds(
+                select_cab_blocks, args.repeats, args.device, q, k, params, scaling, warmup=args.warmup
+            )
+            kernel = _kernel_time(args, q, k, v, keep, scaling, use_kernel)
+            flex_time = _flex_time(args, flex, q, k, v, keep, scaling)
+            lines.append(
+                f"| {length} | {sparsity:.2f} | {1e3 * dense:.2f} | {1e3 * total:.2f} | {dense / total:.2f}× | "
+                f"{_ms(kernel)} | {_ratio(dense, kernel)} | {_ms(flex_time)} | {_ratio(flex_time, kernel)} | "
+                f"{100 * selection / total:.0f}% |"
+            )
+        del q, k, v
     return lines
 
 
@@ -410,19 +407,25 @@ def main(argv: list[str] | None = None) -> str:
     args = parse_args(argv)
     use_kernel = kernels_runnable(args.device)
     hardware = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else platform.processor()
-    lines = [
+    header = [
         f"`python scripts/bench_cab.py {' '.join(argv)}` · {hardware or platform.machine()}, "
         f"torch {torch.__version__}, {args.dtype_name}, sparse attention: "
         f"{'Triton kernel' if use_kernel else 'PyTorch path'}, {time.strftime('%Y-%m-%d')}",
         "",
-        *coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke),
-        *attention_section(args, use_kernel),
     ]
+    # each section is written as soon as it is measured, so a run cut short keeps what it finished
+    report = [emit_markdown(header, args.output)]
+    report.append(
+        emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
+    )
+    flex = _compiled_flex(args) if args.flex else None
+    for shape in args.shapes:
+        report.append(emit_markdown(attention_section(args, shape, use_kernel, flex), args.output))
     if args.model_lengths:
-        lines += model_prefill_section(args)
+        report.append(emit_markdown(model_prefill_section(args), args.output))
     if args.cache_lengths:
-        lines += decode_section(args)
-    return emit_markdown(lines, args.output)
+        report.append(emit_markdown(decode_section(args), args.output))
+    return "\n".join(report)  # as the file holds it: each section after a blank line
 
 
 if __name__ == "__main__":
