@@ -25,9 +25,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from torch.utils.data import IterableDataset
+from torch.utils.data import IterableDataset, get_worker_info
 from tqdm.auto import tqdm
-from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast, Trainer, TrainingArguments
+from transformers import (
+    GPT2Config,
+    GPT2LMHeadModel,
+    PreTrainedTokenizerFast,
+    Trainer,
+    TrainerCallback,
+    TrainingArguments,
+)
 
 from hf_icl.data.niah import DEFAULT_NEEDLE, DEFAULT_QUESTION, FILLER_SENTENCES, NeedleInAHaystackConfig
 
@@ -60,7 +67,8 @@ class RetrievalPrompts(IterableDataset):
         self.niah, self.args = niah, args
 
     def __iter__(self):
-        rng = random.Random(self.args.seed)
+        worker = get_worker_info()  # each dataloader worker draws its own stream, not a copy of the same one
+        rng = random.Random(self.args.seed * 1009 + (worker.id if worker else 0))
         args = self.args
         for step in range(10**12):
             cap = args.min_length + (args.max_length - args.min_length) * min(1.0, step / max(args.ramp_steps, 1))
@@ -92,6 +100,19 @@ def retrieval_loss(answer_tokens: int, answer_weight: float):
         return per_token.mean() + answer_weight * per_token[:, -answer_tokens:].mean()
 
     return loss
+
+
+class TimeLimit(TrainerCallback):
+    """Stop training (the model is then saved and evaluated as usual) once ``minutes`` of wall time have passed."""
+
+    def __init__(self, minutes: float):
+        self.deadline = time.time() + 60 * minutes
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if time.time() > self.deadline:
+            print(f"time limit reached after {state.global_step} steps; stopping", flush=True)
+            control.should_training_stop = True
+        return control
 
 
 @torch.no_grad()
@@ -158,10 +179,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--eval-depths", type=float, nargs="+", default=[0.0, 0.25, 0.5, 0.75, 1.0])
     parser.add_argument("--eval-samples", type=int, default=4)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--workers", type=int, default=0, help="dataloader worker processes making prompts")
+    parser.add_argument("--max-minutes", type=float, default=None, help="stop training after this much wall time")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.min_length >= args.max_length:
         parser.error(f"--min-length ({args.min_length}) must be below --max-length ({args.max_length})")
+    if args.max_minutes is not None and args.max_minutes <= 0:
+        parser.error(f"--max-minutes must be positive, got {args.max_minutes}")
     if args.eval_lengths is None:
         args.eval_lengths = sorted({args.max_length // 4, args.max_length // 2, args.max_length})
     return args
@@ -215,7 +240,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
         save_total_limit=1,
         report_to=[],
         seed=args.seed,
-        dataloader_num_workers=0,
+        dataloader_num_workers=args.workers,
         use_cpu=args.device == "cpu",
         bf16=args.device == "cuda",
     )
@@ -224,6 +249,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
         args=training,
         train_dataset=RetrievalPrompts(niah, args),
         compute_loss_func=retrieval_loss(answer_tokens, args.answer_weight),
+        callbacks=[TimeLimit(args.max_minutes)] if args.max_minutes else None,
     )
     start = time.time()
     trainer.train()

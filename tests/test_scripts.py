@@ -4,6 +4,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
@@ -94,3 +96,37 @@ def test_train_niah_retriever_continues_at_a_longer_length(tmp_path):
     moved = (after.transformer.wpe.weight[:112] - before.transformer.wpe.weight).abs().max()
     assert 0 < moved < 0.1  # trained on (two small steps), not re-initialised
     assert torch.isfinite(after(torch.zeros(1, 170, dtype=torch.long)).logits).all()
+
+
+def test_retrieval_prompts_give_each_dataloader_worker_its_own_stream(monkeypatch):
+    """Workers must not all replay one stream (that would repeat every batch num_workers times)."""
+    import argparse
+    import itertools
+    from types import SimpleNamespace
+
+    script = load("train_niah_retriever")
+    args = argparse.Namespace(seed=0, min_length=64, max_length=96, ramp_steps=1, batch_size=2)
+    niah = script.NeedleInAHaystackConfig(tokenizer=script.build_tokenizer(300), context_lengths=[96], depths=[0.5])
+    prompts = script.RetrievalPrompts(niah, args)
+
+    def first_rows(worker_id):
+        worker = None if worker_id is None else SimpleNamespace(id=worker_id)
+        monkeypatch.setattr(script, "get_worker_info", lambda: worker)
+        return [row["input_ids"].tolist() for row in itertools.islice(iter(prompts), 4)]
+
+    assert first_rows(0) == first_rows(0) == first_rows(None)  # deterministic, and worker 0 is the main stream
+    assert first_rows(0) != first_rows(1)
+
+
+def test_train_niah_retriever_time_limit_stops_and_still_saves(tmp_path, capsys):
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "capped"
+    argv = ["--output-dir", str(out), "--steps", "50", "--ramp-steps", "2", "--batch-size", "2", "--layers", "1"]
+    argv += ["--width", "32", "--heads", "2", "--max-length", "96", "--eval-lengths", "64", "--eval-depths", "0.5"]
+    argv += ["--eval-samples", "1", "--max-minutes", "1e-6"]
+    load("train_niah_retriever").main(argv)
+    assert "time limit reached after 1 steps" in capsys.readouterr().out
+    assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1
+    with pytest.raises(SystemExit):
+        load("train_niah_retriever").parse_args(["--output-dir", str(out), "--max-minutes", "0"])
