@@ -13,8 +13,8 @@ $train --output-dir "$root/stage1" --min-length 64 --max-length 1024 --steps 500
 
 if python3 -c "import json,sys; sys.exit(json.load(open('$root/stage1/retrieval_eval.json'))['1024'] < 0.95)"; then
     $train --output-dir "$root/stage2" --init-from "$root/stage1" --min-length 256 --max-length 4096 \
-        --steps 2500 --ramp-steps 800 --batch-size 16 --lr 5e-4 --max-minutes 3 --eval-lengths 1024 2048 4096
+        --steps 2500 --ramp-steps 800 --batch-size 16 --lr 5e-4 --max-minutes 2.5 --eval-lengths 1024 2048 4096
 else
     $train --output-dir "$root/stage2" --init-from "$root/stage1" --min-length 64 --max-length 1024 \
-        --steps 4000 --ramp-steps 1 --batch-size 32 --lr 5e-4 --max-minutes 3
+        --steps 4000 --ramp-steps 1 --batch-size 32 --lr 5e-4 --max-minutes 2.5
 fi
