@@ -82,3 +82,19 @@ def test_bf16_and_gradients():
     q.requires_grad_(True)
     block_sparse_attention(q, k, v, keep, **kwargs).sum().backward()
     assert q.grad is not None and torch.isfinite(q.grad).all() and q.grad.abs().sum() > 0
+
+
+def test_sdpa_returning_a_non_contiguous_layout_is_handled(monkeypatch):
+    """CUDA's SDPA backends may return (batch·heads, blocks, bs, D) in another memory layout; a ``view`` then fails."""
+    sdpa = F.scaled_dot_product_attention
+
+    def strided_sdpa(*args, **kwargs):  # same values, the heads-major layout some CUDA kernels produce
+        return sdpa(*args, **kwargs).transpose(1, 2).contiguous().transpose(1, 2)
+
+    g = torch.Generator().manual_seed(5)
+    q, k, v = qkv(2, 3, 48, 48, 32, g)
+    keep = random_keep(2, 3, 3, 3, 0, g)
+    kwargs = dict(block_size=16, scaling=32**-0.5)
+    expected = dense_masked_attention(q, k, v, keep, **kwargs)
+    monkeypatch.setattr(F, "scaled_dot_product_attention", strided_sdpa)
+    torch.testing.assert_close(block_sparse_attention(q, k, v, keep, **kwargs), expected)

@@ -87,7 +87,7 @@ def block_sparse_attention(
         attn_mask=bias.flatten(0, 1),
         dropout_p=dropout,
         scale=scaling,
-    ).view(batch, heads, n_q_blocks * block_size, dim)
+    ).reshape(batch, heads, n_q_blocks * block_size, dim)  # CUDA SDPA may return a non-contiguous layout
     if attention_mask is not None:
         out = out.nan_to_num(0.0)  # padded queries see nothing; causality alone never empties a row
     return out[:, :, :n_q]
