@@ -266,8 +266,10 @@ def _flex_time(args, flex, q, k, v, keep, scaling):
         return None
     try:
         block_mask = flex_block_mask(keep, args.block_size, q.shape[2])
+        # flex's own tiles must divide the mask's blocks (its default 128-row tile rejects 64-token blocks)
+        tiles = {"BLOCK_M": args.block_size, "BLOCK_N": args.block_size} if q.is_cuda else None
         return median_seconds(
-            lambda: flex(q, k, v, block_mask=block_mask, scale=scaling),
+            lambda: flex(q, k, v, block_mask=block_mask, scale=scaling, kernel_options=tiles),
             args.repeats,
             args.device,
             warmup=max(args.warmup, 1),
