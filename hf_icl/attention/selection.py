@@ -155,9 +155,10 @@ def frc_scores(scores: torch.Tensor, causal: torch.Tensor | None, lam: float = 0
     a = a.masked_fill(~visible, 0.0)
     n_q, n_k = s.shape[-2:]
     pos = _row_positions(causal, n_q, n_k, s.device)
-    # one-hot of each query row's absolute block: A @ P^T picks A[i, pos_r], then @ A sums the hop r → k
-    onehot = (pos[:, None] == torch.arange(n_k, device=s.device)[None, :]).float()  # (Mq, Mk)
-    two_hop = torch.matmul(torch.matmul(a, onehot.transpose(0, 1)), a)
+    # A[i, pos_r] for every row r (a gather, not a one-hot matmul), then @ A sums the hop r → k;
+    # a row seeing nothing (pos -1) has an all-zero A row, so its hop weight is 0 whatever it picks
+    hop = a.index_select(-1, pos.clamp_min(0)).masked_fill((pos < 0)[None, :], 0.0)  # (B, H, Mq, Mq)
+    two_hop = torch.matmul(hop, a)
     frc = a - lam * two_hop / max(n_k, 1)
     return frc.masked_fill(~visible, 0.0)
 
@@ -173,10 +174,12 @@ def _top_among(rank: torch.Tensor, candidate: torch.Tensor, count: torch.Tensor)
     ``count`` broadcasts against ``rank.shape[:-1]``. Ties go to the lower index (stable sorts);
     non-candidates are sorted after every candidate, so a ``-inf``/NaN rank never displaces them.
     """
-    rank = torch.nan_to_num(rank.float(), nan=float("-inf"))
-    order = torch.argsort(rank, dim=-1, descending=True, stable=True)
-    cand_sorted = candidate.gather(-1, order)
-    order = order.gather(-1, torch.argsort(cand_sorted.to(torch.uint8), dim=-1, descending=True, stable=True))
+    # one stable sort: a candidate's NaN or -inf rank is lifted to the lowest float, so candidates
+    # precede the non-candidates (keyed -inf) and keep their own order
+    lowest = torch.finfo(torch.float32).min
+    key = torch.nan_to_num(rank.float(), nan=lowest, posinf=float("inf"), neginf=lowest)
+    key = key.masked_fill(~candidate, float("-inf"))
+    order = torch.argsort(key, dim=-1, descending=True, stable=True)
     arange = torch.arange(order.shape[-1], device=order.device).expand_as(order)
     position = torch.empty_like(order).scatter_(-1, order, arange)  # position[j] = rank of entry j
     return candidate & (position < count.unsqueeze(-1))
@@ -390,11 +393,13 @@ def select_blocks(
     if sparsity == 0:
         return visible.expand(scores.shape).clone()
     n_q = scores.shape[-2]
-    total = int(visible.sum())
     if budget == "row":
-        k = max(1, _round_half_up((1.0 - sparsity) * total / max(n_q, 1)))
+        # on the device, in float64 like the host's round-half-up: no GPU sync on the prefill/decode path
+        per_row = (1.0 - sparsity) * visible.sum().double() / max(n_q, 1)
+        k = torch.floor(per_row + 0.5).clamp_min(1).long()
         n_keep: int | torch.Tensor = visible.sum(-1).clamp(max=k)
     else:
+        total = int(visible.sum())
         n_keep = min(max(1, _round_half_up((1.0 - sparsity) * total)), total)
     return SELECTION_POLICIES[policy](
         scores, causal, n_keep, lam=lam, sink_blocks=sink_blocks, magnitude_fraction=magnitude_fraction
