@@ -37,6 +37,7 @@ from transformers import (
 )
 
 from hf_icl.data.niah import DEFAULT_NEEDLE, DEFAULT_QUESTION, FILLER_SENTENCES, NeedleInAHaystackConfig
+from hf_icl.evaluation.niah import greedy_answer
 
 EOS = "<|endoftext|>"
 
@@ -116,21 +117,14 @@ class TimeLimit(TrainerCallback):
 
 
 @torch.no_grad()
-def exact_match(model, tokenizer, niah: NeedleInAHaystackConfig, device) -> dict[int, float]:
+def exact_match(model, tokenizer, niah: NeedleInAHaystackConfig) -> dict[int, float]:
     """Greedy-generation exact match per context length over every (depth, sample) cell of ``niah``."""
     model.eval()
     hits: dict[int, list[bool]] = {length: [] for length in niah.context_lengths}
     rows = list(niah.rows())
     for row in tqdm(rows, desc="exact match", leave=False):
-        ids = torch.tensor([row["input_ids"]], device=device)
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=len(row["answer_ids"]),
-            do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-        )
-        hits[row["context_length"]].append(tokenizer.decode(out[0, ids.shape[1] :]).strip() == row["answer"])
+        answer = greedy_answer(model, tokenizer, row["input_ids"], len(row["answer_ids"]), tokenizer.pad_token_id)
+        hits[row["context_length"]].append(answer == row["answer"])
     return {length: sum(h) / len(h) for length, h in hits.items()}
 
 
@@ -265,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
         passkey_digits=args.digits,
         seed=args.seed + 1,
     )
-    accuracy = exact_match(model, tokenizer, held_out, model.device)
+    accuracy = exact_match(model, tokenizer, held_out)
     (out / "retrieval_eval.json").write_text(json.dumps({str(k): v for k, v in accuracy.items()}, indent=2))
     (out / "README.md").write_text(model_card(args, accuracy, seconds, argv))
     for length, acc in accuracy.items():

@@ -33,7 +33,7 @@ from .bootstrap import bootstrap_band, bootstrap_indices
 from .compare import compare_on_task, error_by_position, markdown_table
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
 from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
-from .niah import NIAHMethod, load_niah_results, niah_methods, run_niah
+from .niah import NIAHMethod, greedy_answer, load_niah_results, niah_methods, run_niah
 from .niah_report import summarize_niah, write_niah_report
 from .ood import OOD_KINDS, ood_task
 from .task_scaling import TaskScalingResult, evaluate_task_scaling
@@ -66,6 +66,7 @@ __all__ = [
     "evaluate_context_scaling",
     "evaluate_task_scaling",
     "load_metric",
+    "greedy_answer",
     "load_niah_results",
     "markdown_table",
     "metric_for_task",

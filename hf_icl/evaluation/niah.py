@@ -56,6 +56,7 @@ __all__ = [
     "DENSE",
     "RECORD_FIELDS",
     "NIAHMethod",
+    "greedy_answer",
     "load_niah_results",
     "needle_preservation",
     "niah_methods",
@@ -337,29 +338,35 @@ def _answer_logprob(model, prompt_ids: list[int], answer_ids: list[int], device:
     return float(logprobs.gather(-1, target[:, None]).sum())
 
 
+def greedy_answer(model, tokenizer, prompt_ids: list[int], n_tokens: int, pad_token_id: int) -> str:
+    """Greedy-decode ``n_tokens`` after ``prompt_ids`` (one unpadded prompt) and return them as stripped text."""
+    ids = torch.tensor([prompt_ids], device=_model_device(model))
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=n_tokens,
+            do_sample=False,
+            num_beams=1,
+            pad_token_id=pad_token_id,
+        )
+    return tokenizer.decode(out[0, len(prompt_ids) :].tolist(), skip_special_tokens=True).strip()
+
+
 def _evaluate_row(
     model, tokenizer, row: dict, method: NIAHMethod, last_rows: int, pad_id: int, prefix: list[int]
 ) -> dict[str, Any]:
     device = _model_device(model)
     prompt, answer_ids = [*prefix, *row["input_ids"]], list(row["answer_ids"])
-    ids = torch.tensor([prompt], device=device)
     shift = len(prefix)
     probe = (
         None
         if method.is_dense
         else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows)
     )
+    with _probing(probe):  # the generation's prefill is the CAB prefill the probe scores
+        generated = greedy_answer(model, tokenizer, prompt, len(answer_ids), pad_id)
     with torch.no_grad():
-        with _probing(probe):  # the generation's prefill is the CAB prefill the probe scores
-            out = model.generate(
-                ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=len(answer_ids),
-                do_sample=False,
-                num_beams=1,
-                pad_token_id=pad_id,
-            )
-        generated = tokenizer.decode(out[0, len(prompt) :].tolist(), skip_special_tokens=True).strip()
         logprob = _answer_logprob(model, prompt, answer_ids, device)
     return {
         "method": method.label,
