@@ -9,18 +9,21 @@ from collections.abc import Callable
 import torch
 
 
-def median_seconds(fn: Callable, repeats: int, device: str | torch.device, *inputs, warmup: int = 1) -> float:
+def median_seconds(
+    fn: Callable, repeats: int, device: str | torch.device, *inputs, warmup: int = 1, budget_s: float = float("inf")
+) -> float:
     """Median time of ``fn(*inputs)`` over ``repeats`` runs after ``warmup`` runs.
 
     On CUDA each run is timed with a pair of CUDA events (GPU time between them, launch queue included); on CPU
-    with ``time.perf_counter``.
+    with ``time.perf_counter``, and there the repeats stop early once the timed runs have used ``budget_s``
+    seconds (at least one run is timed), so slow baselines do not dominate a benchmark's wall time.
     """
     for _ in range(warmup):
         fn(*inputs)
     if torch.device(device).type == "cuda":
         return _median_cuda_seconds(fn, repeats, inputs)
     samples = []
-    for _ in range(repeats):
+    while len(samples) < repeats and (not samples or sum(samples) < budget_s):
         start = time.perf_counter()
         fn(*inputs)
         samples.append(time.perf_counter() - start)

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import argparse
 import platform
-import statistics
-import time
-from collections.abc import Callable
-from functools import partial
 
 import torch
 
+from hf_icl.benchmarking import median_seconds
 from hf_icl.estimators import get_estimator
 
 # Vectorised estimators timed at the full batch, with the arguments used for the table.
@@ -79,24 +76,6 @@ def anchor_least_squares(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
     return preds
 
 
-def median_seconds(
-    run: Callable[[], torch.Tensor], repeats: int, warmup: int, device: str, budget_s: float = float("inf")
-) -> float:
-    """Median wall time of ``run`` over ``repeats`` calls, after ``warmup`` untimed calls; stops
-    repeating once the timed calls have used ``budget_s`` seconds (at least one call is timed)."""
-    synchronize = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    for _ in range(warmup):
-        run()
-    synchronize()
-    times = []
-    while len(times) < repeats and (not times or sum(times) < budget_s):
-        start = time.perf_counter()
-        run()
-        synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def relative_error(preds: torch.Tensor, reference: torch.Tensor) -> float:
     """``max |preds - reference| / max |reference|``: the error relative to the targets' scale."""
     preds, reference = preds.double(), reference.double()
@@ -106,8 +85,8 @@ def relative_error(preds: torch.Tensor, reference: torch.Tensor) -> float:
 def compare_least_squares(args: argparse.Namespace) -> tuple[list[str], bool]:
     xs, ys = make_prompts(args.batch, args.n_points, args.n_dims, args.seed, args.device)
     ours = get_estimator("least_squares")
-    anchor_time = median_seconds(lambda: anchor_least_squares(xs, ys), args.repeats, args.warmup, args.device)
-    ours_time = median_seconds(lambda: ours(xs, ys), args.repeats, args.warmup, args.device)
+    anchor_time = median_seconds(anchor_least_squares, args.repeats, args.device, xs, ys, warmup=args.warmup)
+    ours_time = median_seconds(ours, args.repeats, args.device, xs, ys, warmup=args.warmup)
     preds = ours(xs, ys)
     error_vs_float32 = relative_error(preds, anchor_least_squares(xs, ys))
     # The float32 anchor carries its own rounding error near the square prefix (i = d), so the
@@ -137,7 +116,7 @@ def time_estimators(args: argparse.Namespace) -> list[str]:
     for name, kwargs, batch, repeats, warmup in rows:
         xs, ys = make_prompts(batch, args.n_points, args.n_dims, args.seed, args.device)
         estimator = get_estimator(name, **kwargs)
-        seconds = median_seconds(partial(estimator, xs, ys), repeats, warmup, args.device, args.budget)
+        seconds = median_seconds(estimator, repeats, args.device, xs, ys, warmup=warmup, budget_s=args.budget)
         lines.append(f"| `{estimator.name}` | {batch} | {seconds * 1e3:.1f} | {seconds * 1e3 / batch:.3f} |")
     return lines
 
