@@ -212,6 +212,17 @@ def run_niah_command(args) -> int:
     return 0
 
 
+def run_bench(argv: list[str]) -> int:
+    from .benchmarks import BENCHMARKS, run_benchmark
+
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: hf-icl bench NAME [benchmark flags]   (hf-icl bench NAME --help for its flags)\n")
+        print("\n".join(f"  {name:<12}{what}" for name, what in BENCHMARKS.items()))
+        return 0
+    run_benchmark(argv[0], argv[1:])
+    return 0
+
+
 # -- parser --------------------------------------------------------------------------------------
 
 
@@ -231,6 +242,9 @@ def build_parser() -> argparse.ArgumentParser:
     quick.set_defaults(run=run_quickstart)
 
     commands.add_parser("train", help="train an ICL model (see hf-icl train --help)", add_help=False)
+    commands.add_parser(
+        "bench", help="run a benchmark: cab, estimators, samplers (hf-icl bench NAME --help)", add_help=False
+    )
 
     ev = commands.add_parser("evaluate", help="evaluate a trained model against estimators", formatter_class=_formatter)
     ev.add_argument("--model", required=True, help="directory written by hf-icl train (or a Hub id)")
@@ -338,6 +352,8 @@ def main(argv=None) -> int:
     try:
         if command == "train":  # HfArgumentParser owns every training flag
             return run_train(argv[1:])
+        if command == "bench":  # each benchmark parses its own flags
+            return run_bench(argv[1:])
         args = build_parser().parse_args(argv)
         return args.run(args)
     except ValueError as err:  # configuration errors: one clear line, not a traceback

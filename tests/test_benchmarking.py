@@ -2,7 +2,7 @@
 
 import time
 
-from hf_icl.benchmarking import emit_markdown, median_seconds
+from hf_icl.benchmarks import emit_markdown, median_seconds
 
 
 def counting_sleeper(seconds: float):

@@ -1,10 +1,15 @@
-"""The benchmark scripts run end to end on tiny sizes and print their tables."""
+"""The benchmarks (``hf-icl bench``) and the scripts run end to end on tiny sizes."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
+
+from hf_icl.benchmarks import BENCHMARKS, run_benchmark
+from hf_icl.benchmarks.cab import flex_block_mask
+from hf_icl.cli import main
+from hf_icl.estimators import get_estimator
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -21,7 +26,7 @@ def test_bench_cab_smoke_runs_every_section(tmp_path):
     """The GPU benchmark's code paths on tiny shapes: coarsening, attention (kernel + flex), prefill, decode."""
     out = tmp_path / "cab.md"
     argv = ["--smoke", "--lengths", "64", "--sparsities", "0.5", "0.9", "--output", str(out)]
-    table = load("bench_cab").main(argv)
+    table = run_benchmark("cab", argv)
     assert "| 64 | 0.50 |" in table and "| 64 | 0.90 |" in table  # one row per (T, sparsity)
     for heading in ("Coarsening", "Prefill attention", "End-to-end prefill", "Decode latency"):
         assert heading in table
@@ -44,17 +49,43 @@ def test_flex_block_mask_is_the_same_selection():
     q, k, v = (torch.randn(1, 2, 80, 32, generator=g) for _ in range(3))
     keep = select_cab_blocks(q, k, CABParams(sparsity=0.6, block_size=16, policy="frc", min_seq_len=0), 0.2)
     assert not keep.tril().all()  # a real sparse selection
-    block_mask = load("bench_cab").flex_block_mask(keep, 16, 80)
+    block_mask = flex_block_mask(keep, 16, 80)
     out = flex_attention(q, k, v, block_mask=block_mask, scale=0.2)
     expected = dense_masked_attention(q, k, v, keep, block_size=16, scaling=0.2)
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
-def test_bench_samplers_reports_every_family():
+def test_bench_samplers_reports_every_family(capsys):
     from hf_icl.data.tasks import available_tasks
 
-    table = load("bench_samplers").main(["--batch-size", "4", "--n-points", "5", "--n-dims", "3", "--repeats", "1"])
+    argv = ["bench", "samplers", "--batch-size", "4", "--n-points", "5", "--n-dims", "3", "--repeats", "1"]
+    assert main(argv) == 0
+    table = capsys.readouterr().out
     assert all(f"| {name} |" in table for name in available_tasks())
+
+
+def test_bench_estimators_agrees_with_the_anchor_and_times_every_vectorised_estimator():
+    from hf_icl.benchmarks.estimators import VECTORISED
+
+    table = run_benchmark("estimators", ["--batch", "3", "--n-points", "6", "--n-dims", "2", "--repeats", "1"])
+    assert "agrees" in table and "DISAGREES" not in table
+    assert all(f"`{get_estimator(name, **kwargs).name}`" in table for name, kwargs in VECTORISED)
+
+
+def test_bench_lists_the_benchmarks_and_rejects_unknown_names(capsys):
+    assert main(["bench"]) == 0
+    listing = capsys.readouterr().out
+    assert all(f"  {name} " in listing for name in BENCHMARKS)
+    assert main(["bench", "nope"]) == 2
+    assert "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'samplers']" in capsys.readouterr().err
+
+
+def test_bench_scripts_are_the_cli_benchmarks(monkeypatch, capsys):
+    import runpy
+
+    monkeypatch.setattr(sys, "argv", ["bench_samplers.py", "--batch-size", "2", "--n-points", "3", "--repeats", "1"])
+    runpy.run_path(str(SCRIPTS / "bench_samplers.py"), run_name="__main__")
+    assert "`hf-icl bench samplers --batch-size 2 --n-points 3" in capsys.readouterr().out
 
 
 def test_train_niah_retriever_saves_a_reloadable_model_with_card_and_eval(tmp_path):

@@ -1,4 +1,4 @@
-"""Small helpers shared by the benchmark scripts: median wall time and markdown output."""
+"""Timing and report helpers shared by the benchmarks: median run time (CUDA events on a GPU) and markdown output."""
 
 from __future__ import annotations
 

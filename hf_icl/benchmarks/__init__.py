@@ -1,0 +1,23 @@
+"""The benchmarks behind ``hf-icl bench NAME``: each module's ``main(argv)`` prints (and can append) a markdown
+report whose every ratio is against a baseline measured in the same run. The timing helpers live in ``timing``."""
+
+from importlib import import_module
+
+from .timing import emit_markdown, median_seconds
+
+#: benchmark name → what it measures (the module of the same name under ``hf_icl.benchmarks`` runs it)
+BENCHMARKS = {
+    "cab": "CAB block-sparse attention against dense SDPA: coarsening, prefill, FlexAttention, GPT-2 prefill, decode",
+    "estimators": "LeastSquares against the per-prefix lstsq loop, then every estimator's time per prompt",
+    "samplers": "prompts per second of every task family's sampler",
+}
+
+
+def run_benchmark(name: str, argv: list[str] | None = None) -> str:
+    """Run benchmark ``name`` with command-line arguments ``argv``; returns its markdown report."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"benchmark={name!r} is unknown; allowed: {sorted(BENCHMARKS)}")
+    return import_module(f"{__name__}.{name}").main(argv)
+
+
+__all__ = ["BENCHMARKS", "emit_markdown", "median_seconds", "run_benchmark"]

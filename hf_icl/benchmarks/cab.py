@@ -1,0 +1,435 @@
+"""CAB speed against dense attention, every number measured in the same run on the same inputs.
+
+    hf-icl bench cab --device cuda --output docs/results/cab.md   # the GPU tables (bf16)
+    hf-icl bench cab --device cpu --output docs/results/cab.md    # the CPU tables (fp32, PyTorch path)
+    TRITON_INTERPRET=1 hf-icl bench cab --smoke                   # every section on tiny shapes
+
+Sections:
+
+1. **Coarsening**: ``coarsen_max_l2`` vs the PyTorch reference (CUDA) or a per-block loop (CPU); on CUDA also the
+   achieved bandwidth against the measured device-to-device copy bandwidth.
+2. **Prefill attention** per shape (B, H, D), length T and sparsity: dense causal SDPA (flash backend on CUDA),
+   CAB total (coarsen + score + select + sparse attention), the sparse kernel alone on a precomputed selection,
+   FlexAttention compiled with the same block mask, and the selection's share of CAB's time.
+3. **End-to-end prefill** of a GPT-2-shaped model (12 layers, width 768, 12 heads, random weights, no LM head) with
+   ``attn_implementation="cab"`` vs ``"sdpa"``.
+4. **Decode**: latency per generated token of the same model vs cache length (one step on a prefilled cache, which
+   is cropped back after every step so each repetition sees the same length).
+
+Timings are medians over ``--repeats`` runs after ``--warmup`` runs, with CUDA events on a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import platform
+import sys
+import time
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+
+from hf_icl.attention.block_sparse import block_sparse_attention, selected_block_indices
+from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
+from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
+from hf_icl.kernels.coarsen import coarsen_max_l2
+
+from .timing import emit_markdown, median_seconds
+
+GPU_DEFAULTS = {
+    "lengths": [4096, 8192, 16384, 32768, 65536],
+    "shapes": ["1,12,64", "1,32,128"],
+    "sparsities": [0.5, 0.75, 0.9, 0.95],
+    "model_lengths": [8192, 16384, 32768],
+    "cache_lengths": [4096, 8192, 16384, 32768],
+    "dtype": "bfloat16",
+}
+CPU_DEFAULTS = {
+    "lengths": [4096, 8192],
+    "shapes": ["1,12,64"],
+    "sparsities": [0.5, 0.9, 0.95],
+    "model_lengths": [],
+    "cache_lengths": [],
+    "dtype": "float32",
+}
+SMOKE = {
+    "lengths": [64, 96],
+    "shapes": ["1,2,32"],
+    "sparsities": [0.5, 0.9],
+    "model_lengths": [64],
+    "cache_lengths": [64],
+    "dtype": "float32",
+    "block_size": 16,
+    "repeats": 1,
+    "warmup": 0,
+    "model_layers": 1,
+}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The measured functions
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def naive_coarsen(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """One block at a time, as the research notebook's PyTorch baseline does."""
+    blocks = []
+    for start in range(0, x.shape[2], block_size):
+        chunk = x[:, :, start : start + block_size]
+        best = chunk.float().norm(dim=-1).argmax(dim=-1)
+        blocks.append(chunk.gather(2, best[..., None, None].expand(-1, -1, 1, x.shape[-1])))
+    return torch.cat(blocks, dim=2)
+
+
+def naive_coarsen_qk(q, k, block_size):
+    return naive_coarsen(q, block_size), naive_coarsen(k, block_size)
+
+
+def dense_causal(q, k, v):
+    """Dense causal SDPA; on CUDA restricted to the flash backend (FlashAttention-2)."""
+    with _flash_only(q):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def _flash_only(q):
+    if not q.is_cuda:
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
+
+
+def sparse_attention(q, k, v, keep, block_size: int, scaling: float, use_kernel: bool):
+    """The sparse attention CAB runs: the Triton kernel on CUDA (or under the interpreter), else the PyTorch path."""
+    if not use_kernel:
+        return block_sparse_attention(q, k, v, keep, block_size=block_size, scaling=scaling)
+    indices, valid = selected_block_indices(keep)
+    return block_sparse_attention_triton(
+        q, k, v, indices, valid.sum(-1), block_size=block_size, scaling=scaling, validate=False
+    )
+
+
+def cab_prefill(q, k, v, params: CABParams, scaling: float, use_kernel: bool) -> torch.Tensor:
+    keep = select_cab_blocks(q, k, params, scaling)
+    return sparse_attention(q, k, v, keep, params.block_size, scaling, use_kernel)
+
+
+def kernel_only(q, k, v, indices, counts, block_size: int, scaling: float):
+    return block_sparse_attention_triton(
+        q, k, v, indices, counts, block_size=block_size, scaling=scaling, validate=False
+    )
+
+
+def copy_bandwidth(x: torch.Tensor, repeats: int, warmup: int) -> float:
+    """Bytes per second of a device-to-device copy of ``x`` (read + write)."""
+    out = torch.empty_like(x)
+    seconds = median_seconds(out.copy_, repeats, x.device, x, warmup=warmup)
+    return 2 * x.numel() * x.element_size() / seconds
+
+
+def flex_block_mask(keep: torch.Tensor, block_size: int, n: int):
+    """FlexAttention's BlockMask for the same selection: the diagonal block partial, the other kept blocks full.
+
+    The mask_mod states the whole rule (causal and kept), as flex requires of it; the kernel evaluates it only on
+    the partial (diagonal) blocks and skips every block not listed.
+    """
+    from torch.nn.attention.flex_attention import BlockMask
+
+    size = block_size
+    m_q, m_k = keep.shape[-2:]
+    diagonal = torch.eye(m_q, m_k, dtype=torch.bool, device=keep.device)
+
+    def listed(mask):  # kept blocks first, ascending: (B, H, Mq, Mk) int32 ids and (B, H, Mq) counts
+        order = torch.arange(m_k, device=keep.device) + m_k * (~mask).int()
+        return mask.sum(-1).int(), order.argsort(-1).int()
+
+    partial_counts, partial = listed(keep & diagonal)
+    full_counts, full = listed(keep & ~diagonal)
+    return BlockMask.from_kv_blocks(
+        partial_counts,
+        partial,
+        full_counts,
+        full,
+        BLOCK_SIZE=block_size,
+        mask_mod=lambda b, h, q_idx, kv_idx: (q_idx >= kv_idx) & keep[b, h, q_idx // size, kv_idx // size],
+        seq_lengths=(n, n),
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sections
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _inputs(shape: tuple[int, int, int], length: int, dtype, device):
+    batch, heads, dim = shape
+    g = torch.Generator(device=device).manual_seed(0)
+    return tuple(torch.randn(batch, heads, length, dim, generator=g, device=device).to(dtype) for _ in range(3))
+
+
+def coarsening_section(args, use_kernel: bool) -> list[str]:
+    batch, heads, dim = args.shapes[0]
+    baseline = "PyTorch reference" if use_kernel else "naive per-block loop"
+    lines = [
+        f"Coarsening (B={batch}, H={heads}, D={dim}, block {args.block_size}, Q and K in one call):",
+        "",
+        f"| T | {baseline} ms | coarsen_max_l2 ms | speed-up | GB/s | % of copy bandwidth |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.lengths:
+        q, k, _ = _inputs(args.shapes[0], length, args.dtype, args.device)
+        if use_kernel:
+            reference, kernel = (partial(coarsen_max_l2, backend=b) for b in ("reference", "triton"))
+            slow = median_seconds(reference, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
+            fast = median_seconds(kernel, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
+        else:
+            slow = median_seconds(
+                naive_coarsen_qk, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup
+            )
+            fast = median_seconds(coarsen_max_l2, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
+        moved = (q.numel() + k.numel()) * q.element_size() * (1 + 1 / args.block_size)  # read all, write 1 row/block
+        bandwidth = moved / fast
+        share = f"{100 * bandwidth / copy_bandwidth(q, args.repeats, args.warmup):.0f}%" if q.is_cuda else "n/a"
+        lines.append(
+            f"| {length} | {1e3 * slow:.3f} | {1e3 * fast:.3f} | {slow / fast:.1f}× | {bandwidth / 1e9:.1f} | {share} |"
+        )
+    return lines
+
+
+def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex) -> list[str]:
+    batch, heads, dim = shape
+    scaling = dim**-0.5
+    lines = [
+        "",
+        f"Prefill attention (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
+        f"{args.dtype_name}); speed-ups are dense time / method time:",
+        "",
+        "| T | sparsity | dense ms | CAB total ms | CAB speed-up | kernel ms | kernel speed-up | flex ms "
+        "| kernel vs flex | selection % of CAB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.lengths:
+        q, k, v = _inputs(shape, length, args.dtype, args.device)
+        dense = median_seconds(dense_causal, args.repeats, args.device, q, k, v, warmup=args.warmup)
+        for sparsity in args.sparsities:
+            params = CABParams(sparsity=sparsity, block_size=args.block_size, policy=args.policy, min_seq_len=0)
+            total = median_seconds(
+                cab_prefill, args.repeats, args.device, q, k, v, params, scaling, use_kernel, warmup=args.warmup
+            )
+            keep = select_cab_blocks(q, k, params, scaling)
+            selection = median_seconds(
+                select_cab_blocks, args.repeats, args.device, q, k, params, scaling, warmup=args.warmup
+            )
+            kernel = _kernel_time(args, q, k, v, keep, scaling, use_kernel)
+            flex_time = _flex_time(args, flex, q, k, v, keep, scaling)
+            lines.append(
+                f"| {length} | {sparsity:.2f} | {1e3 * dense:.2f} | {1e3 * total:.2f} | {dense / total:.2f}× | "
+                f"{_ms(kernel)} | {_ratio(dense, kernel)} | {_ms(flex_time)} | {_ratio(flex_time, kernel)} | "
+                f"{100 * selection / total:.0f}% |"
+            )
+        del q, k, v
+    return lines
+
+
+def _kernel_time(args, q, k, v, keep, scaling, use_kernel):
+    if not use_kernel:
+        return median_seconds(
+            sparse_attention,
+            args.repeats,
+            args.device,
+            q,
+            k,
+            v,
+            keep,
+            args.block_size,
+            scaling,
+            False,
+            warmup=args.warmup,
+        )
+    indices, valid = selected_block_indices(keep)
+    counts = valid.sum(-1)
+    return median_seconds(
+        kernel_only, args.repeats, args.device, q, k, v, indices, counts, args.block_size, scaling, warmup=args.warmup
+    )
+
+
+def _compiled_flex(args):
+    from torch.nn.attention.flex_attention import flex_attention
+
+    # compiled on a GPU (the eager path materialises scores); the smoke run on CPU checks the mask, eagerly
+    return torch.compile(flex_attention, dynamic=False) if args.device.type == "cuda" else flex_attention
+
+
+def _flex_time(args, flex, q, k, v, keep, scaling):
+    if flex is None:
+        return None
+    try:
+        block_mask = flex_block_mask(keep, args.block_size, q.shape[2])
+        # flex's own tiles must divide the mask's blocks (its default 128-row tile rejects 64-token blocks)
+        tiles = {"BLOCK_M": args.block_size, "BLOCK_N": args.block_size} if q.is_cuda else None
+        return median_seconds(
+            lambda: flex(q, k, v, block_mask=block_mask, scale=scaling, kernel_options=tiles),
+            args.repeats,
+            args.device,
+            warmup=max(args.warmup, 1),
+        )
+    except Exception as error:  # noqa: BLE001 - report the failure in the table and keep measuring the rest
+        print(f"FlexAttention failed at T={q.shape[2]}: {type(error).__name__}: {error}")
+        return None
+
+
+def _gpt2(args, length: int, implementation: str, sparsity: float):
+    from transformers import GPT2Config, GPT2Model
+
+    torch.manual_seed(0)
+    small = args.smoke
+    config = GPT2Config(
+        n_layer=args.model_layers,
+        n_embd=64 if small else 768,
+        n_head=2 if small else 12,
+        n_positions=length + 64,
+        vocab_size=1000 if small else 50257,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
+    model = GPT2Model(config).to(device=args.device, dtype=args.dtype).eval()
+    if implementation == "cab":
+        return enable_cab(model, sparsity=sparsity, block_size=args.block_size, policy=args.policy, min_seq_len=0)
+    model.set_attn_implementation(implementation)
+    return model
+
+
+def _ids(length: int, device, vocab: int) -> torch.Tensor:
+    return torch.randint(vocab, (1, length), generator=torch.Generator().manual_seed(0)).to(device)
+
+
+def _model_row(args, length: int, measured) -> str:
+    """Time ``measured(model, ids)`` (a zero-argument callable it returns) on an sdpa and a cab GPT-2: one row."""
+    times = {}
+    for implementation in ("sdpa", "cab"):
+        model = _gpt2(args, length, implementation, args.model_sparsity)
+        ids = _ids(length + 1, args.device, model.config.vocab_size)
+        with torch.no_grad():
+            times[implementation] = median_seconds(measured(model, ids), args.repeats, args.device, warmup=args.warmup)
+        del model
+    sdpa, cab = times["sdpa"], times["cab"]
+    return f"| {length} | {1e3 * sdpa:.2f} | {1e3 * cab:.2f} | {sdpa / cab:.2f}× |"
+
+
+def _prefill(model, ids):
+    return lambda: model(ids[:, :-1], use_cache=False)
+
+
+def _decode_step(model, ids):
+    """One new token on a cache prefilled with all but the last id; the cache is cropped back after each step."""
+    cache = model(ids[:, :-1], use_cache=True).past_key_values
+
+    def step():
+        model(ids[:, -1:], past_key_values=cache, use_cache=True)
+        cache.crop(-1)
+
+    return step
+
+
+def model_prefill_section(args) -> list[str]:
+    return [
+        "",
+        f"End-to-end prefill, GPT-2-shaped model ({args.model_layers} layers, no LM head, {args.dtype_name}), "
+        f"CAB {args.policy} at sparsity {args.model_sparsity}:",
+        "",
+        "| T | sdpa ms | cab ms | speed-up |",
+        "|---:|---:|---:|---:|",
+        *(_model_row(args, length, _prefill) for length in args.model_lengths),
+    ]
+
+
+def decode_section(args) -> list[str]:
+    return [
+        "",
+        f"Decode latency per token, GPT-2-shaped model ({args.model_layers} layers, {args.dtype_name}), one new token "
+        f"on a prefilled cache; CAB {args.policy} at sparsity {args.model_sparsity} (selection recomputed each step):",
+        "",
+        "| cache length | sdpa ms/token | cab ms/token | speed-up |",
+        "|---:|---:|---:|---:|",
+        *(_model_row(args, length, _decode_step) for length in args.cache_lengths),
+    ]
+
+
+def _ms(seconds) -> str:
+    return "n/a" if seconds is None else f"{1e3 * seconds:.2f}"
+
+
+def _ratio(numerator, denominator) -> str:
+    return "n/a" if numerator is None or denominator is None else f"{numerator / denominator:.2f}×"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Entry point
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes through every section (CI / interpreter)")
+    parser.add_argument("--lengths", type=int, nargs="+")
+    parser.add_argument("--shapes", nargs="+", help="B,H,D triples, e.g. 1,12,64 1,32,128")
+    parser.add_argument("--sparsities", type=float, nargs="+")
+    parser.add_argument("--model-lengths", type=int, nargs="*", help="end-to-end prefill lengths ([] to skip)")
+    parser.add_argument("--cache-lengths", type=int, nargs="*", help="decode cache lengths ([] to skip)")
+    parser.add_argument("--model-layers", type=int, default=12)
+    parser.add_argument("--model-sparsity", type=float, default=0.9)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--policy", default="hybrid")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--no-flex", dest="flex", action="store_false", help="skip FlexAttention")
+    parser.add_argument("--output", default=None, help="append the markdown to this file")
+    args = parser.parse_args(argv)
+    defaults = dict(SMOKE if args.smoke else GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS)
+    explicit = {name for name in defaults if any(a.startswith("--" + name.replace("_", "-")) for a in argv)}
+    for name, value in defaults.items():
+        if getattr(args, name) is None or (args.smoke and name not in explicit):
+            setattr(args, name, value)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device is visible")
+    args.shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes]
+    if any(len(shape) != 3 for shape in args.shapes):
+        parser.error(f"--shapes takes B,H,D triples, got {args.shapes}")
+    args.dtype_name, args.dtype, args.device = args.dtype, getattr(torch, args.dtype), torch.device(args.device)
+    if args.device.type == "cpu" and not args.smoke:
+        args.flex = False  # compiled FlexAttention is a GPU baseline
+    return args
+
+
+def main(argv: list[str] | None = None) -> str:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    use_kernel = kernels_runnable(args.device)
+    hardware = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else platform.processor()
+    header = [
+        f"`hf-icl bench cab {' '.join(argv)}` · {hardware or platform.machine()}, "
+        f"torch {torch.__version__}, {args.dtype_name}, sparse attention: "
+        f"{'Triton kernel' if use_kernel else 'PyTorch path'}, {time.strftime('%Y-%m-%d')}",
+        "",
+    ]
+    # each section is written as soon as it is measured, so a run cut short keeps what it finished
+    report = [emit_markdown(header, args.output)]
+    report.append(
+        emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
+    )
+    flex = _compiled_flex(args) if args.flex else None
+    for shape in args.shapes:
+        report.append(emit_markdown(attention_section(args, shape, use_kernel, flex), args.output))
+    if args.model_lengths:
+        report.append(emit_markdown(model_prefill_section(args), args.output))
+    if args.cache_lengths:
+        report.append(emit_markdown(decode_section(args), args.output))
+    return "\n".join(report)  # as the file holds it: each section after a blank line
+
+
+if __name__ == "__main__":
+    main()
