@@ -15,6 +15,7 @@ from hf_icl.attention.selection import (
     attention_preservation,
     block_scores,
     causal_block_mask,
+    forced_blocks,
     frc_scores,
     reference_cab_v3_selection,
     select_blocks,
@@ -483,3 +484,47 @@ def test_bad_causal_mask_and_offsets():
         select_blocks(random_scores(1, 1, 3, 3, 0), torch.ones(3, 4, dtype=torch.bool), policy="frc", sparsity=0.5)
     with pytest.raises(ValueError, match="q_block_offset"):
         causal_block_mask(2, 2, -1)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("bounded", [False, True])
+def test_top_among_matches_a_sorted_loop_with_ties_nan_inf_and_signed_zeros(seed, bounded):
+    """The top-k pass (int64 keys + topk) selects what sorting (rank desc, index asc) per row selects."""
+    from hf_icl.attention.selection import _top_among
+
+    g = torch.Generator().manual_seed(seed)
+    rows, n = 7, 23
+    # few distinct values → many ties; then NaN, ±inf and -0.0 sprinkled in
+    rank = torch.randint(-3, 4, (rows, n), generator=g).float()
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
+    where = torch.rand(rows, n, generator=g) < 0.25
+    rank[where] = specials[torch.randint(0, 5, (int(where.sum()),), generator=g)]
+    candidate = torch.rand(rows, n, generator=g) < 0.7
+    count = torch.randint(0, n + 1, (rows,), generator=g)
+    chosen = _top_among(rank, candidate, count, int(count.max()) if bounded else None)
+
+    lowest = torch.finfo(torch.float32).min
+
+    def order_key(r, j):  # NaN and -inf candidates are the lowest floats; -0.0 equals 0.0
+        value = rank[r, j].item()
+        value = lowest if math.isnan(value) or value == float("-inf") else value
+        return (-value, j)
+
+    for r in range(rows):
+        best = sorted((j for j in range(n) if candidate[r, j]), key=lambda j, r=r: order_key(r, j))[: count[r]]
+        assert chosen[r].nonzero().flatten().tolist() == sorted(best), (r, rank[r], candidate[r], count[r])
+
+
+def test_row_budget_bound_never_truncates_a_row():
+    """select_blocks' host bound on the row budget (used for top-k) covers every row's real budget."""
+    g = torch.Generator().manual_seed(0)
+    for n_q, n_k, off in [(9, 9, 0), (1, 40, 39), (5, 17, 12), (64, 64, 0)]:
+        scores = torch.randn(2, 3, n_q, n_k, generator=g)
+        causal = causal_block_mask(n_q, n_k, off)
+        for sparsity in (0.1, 0.5, 0.77, 0.9, 0.95):
+            keep = select_blocks(scores, causal, policy="magnitude", sparsity=sparsity, budget="row")
+            total = int(causal.sum())
+            k = max(1, math.floor((1 - sparsity) * total / n_q + 0.5))
+            forced = forced_blocks(causal, n_q, n_k, 0).sum(-1)
+            expected = torch.maximum(causal.sum(-1).clamp(max=k), forced)  # the module docstring's rule
+            assert torch.equal(keep.sum(-1), expected.expand(2, 3, n_q))

@@ -168,21 +168,35 @@ def frc_scores(scores: torch.Tensor, causal: torch.Tensor | None, lam: float = 0
 # --------------------------------------------------------------------------------------------------
 
 
-def _top_among(rank: torch.Tensor, candidate: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+def _selection_keys(rank: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """int64 keys, all distinct, whose descending order is the selection order: by ``rank`` (a candidate's NaN
+    or -inf lifted to the lowest float, every non-candidate below every candidate), then by the lower index."""
+    lowest = torch.finfo(torch.float32).min
+    value = torch.nan_to_num(rank.float(), nan=lowest, posinf=float("inf"), neginf=lowest) + 0.0  # -0.0 → +0.0
+    bits = value.masked_fill(~candidate, float("-inf")).view(torch.int32)
+    monotone = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # float order as integer order
+    n = rank.shape[-1]
+    return (monotone << 32) | torch.arange(n - 1, -1, -1, device=rank.device)  # ties: lower index first
+
+
+def _top_among(
+    rank: torch.Tensor, candidate: torch.Tensor, count: torch.Tensor, max_count: int | None = None
+) -> torch.Tensor:
     """Along the last dim, mark the ``count`` highest-``rank`` entries among ``candidate`` ones.
 
-    ``count`` broadcasts against ``rank.shape[:-1]``. Ties go to the lower index (stable sorts);
-    non-candidates are sorted after every candidate, so a ``-inf``/NaN rank never displaces them.
+    ``count`` broadcasts against ``rank.shape[:-1]``; ``max_count`` is a host-side upper bound on it (None: the
+    row length), so one partial ``topk`` replaces a full sort. Ties go to the lower index; non-candidates rank
+    after every candidate, so a ``-inf``/NaN rank never displaces them.
     """
-    # one stable sort: a candidate's NaN or -inf rank is lifted to the lowest float, so candidates
-    # precede the non-candidates (keyed -inf) and keep their own order
-    lowest = torch.finfo(torch.float32).min
-    key = torch.nan_to_num(rank.float(), nan=lowest, posinf=float("inf"), neginf=lowest)
-    key = key.masked_fill(~candidate, float("-inf"))
-    order = torch.argsort(key, dim=-1, descending=True, stable=True)
-    arange = torch.arange(order.shape[-1], device=order.device).expand_as(order)
-    position = torch.empty_like(order).scatter_(-1, order, arange)  # position[j] = rank of entry j
-    return candidate & (position < count.unsqueeze(-1))
+    n = rank.shape[-1]
+    k = n if max_count is None else max(0, min(int(max_count), n))
+    shape = torch.broadcast_shapes(rank.shape, candidate.shape)
+    if k == 0:
+        return torch.zeros(shape, dtype=torch.bool, device=rank.device)
+    best = torch.topk(_selection_keys(rank, candidate).expand(shape), k, dim=-1).indices  # best first
+    take = (torch.arange(k, device=rank.device) < count.unsqueeze(-1)).expand(best.shape)
+    chosen = torch.zeros(shape, dtype=torch.bool, device=rank.device).scatter_(-1, best, take)
+    return candidate & chosen
 
 
 def _budgeted_keep(
@@ -191,13 +205,14 @@ def _budgeted_keep(
     n_keep: int | torch.Tensor,
     sink_blocks: int,
     *,
-    extra: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool], torch.Tensor] | None = None,
+    max_keep: int | None = None,
+    extra: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, bool, int | None], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Forced blocks plus the best ``n_keep - n_forced`` remaining causal blocks by ``rank``.
 
-    ``n_keep``: ``(Mq,)`` long → per-row budget; int (or 0-dim tensor) → budget per ``(b, h)`` over the
-    flattened grid. ``extra(candidate, remaining, flat)``, if given, replaces the plain top selection
-    of the free slots (the hybrid policy uses it to split them).
+    ``n_keep``: ``(Mq,)`` long → per-row budget (``max_keep``, if given, bounds it on the host); int (or
+    0-dim tensor) → budget per ``(b, h)`` over the flattened grid. ``extra(candidate, remaining, rank, flat,
+    max_count)``, if given, replaces the plain top selection of the free slots (the hybrid policy splits them).
     """
     n_q, n_k = rank.shape[-2:]
     visible = _causal_or_all(rank, causal)
@@ -209,14 +224,17 @@ def _budgeted_keep(
         if n_keep.shape[0] != n_q:
             raise ValueError(f"n_keep of shape {tuple(n_keep.shape)}: a per-row budget must have shape (Mq,)=({n_q},)")
         remaining = (n_keep.to(rank.device).long() - forced.sum(-1)).clamp_min(0)  # (Mq,)
-        flat = False
+        flat, max_count = False, max_keep
         cand, rk = candidate, rank
     else:
-        total = int(n_keep)
-        remaining = torch.tensor(max(0, total - int(forced.sum())), device=rank.device)
+        free = max(0, int(n_keep) - int(forced.sum()))
+        remaining, max_count = torch.tensor(free, device=rank.device), free
         flat = True
         cand, rk = candidate.flatten(-2), rank.flatten(-2)
-    chosen = extra(cand, remaining, rk, flat) if extra is not None else _top_among(rk, cand, remaining)
+    if extra is not None:
+        chosen = extra(cand, remaining, rk, flat, max_count)
+    else:
+        chosen = _top_among(rk, cand, remaining, max_count)
     if flat:
         chosen = chosen.unflatten(-1, (n_q, n_k))
     return forced_full | chosen
@@ -244,10 +262,11 @@ def frc_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """CAB: keep the highest-FRC causal blocks (the document's "CAB V3" choice)."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
-    return _budgeted_keep(frc_scores(scores, causal, lam), causal, n_keep, sink_blocks)
+    return _budgeted_keep(frc_scores(scores, causal, lam), causal, n_keep, sink_blocks, max_keep=max_keep)
 
 
 def frc_low_policy(
@@ -258,10 +277,11 @@ def frc_low_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """Bridge-preserving variant: keep the LOWEST-FRC causal blocks."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
-    return _budgeted_keep(-frc_scores(scores, causal, lam), causal, n_keep, sink_blocks)
+    return _budgeted_keep(-frc_scores(scores, causal, lam), causal, n_keep, sink_blocks, max_keep=max_keep)
 
 
 def magnitude_policy(
@@ -272,10 +292,11 @@ def magnitude_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """H2O-style: keep the causal blocks with the highest block scores."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
-    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks)
+    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks, max_keep=max_keep)
 
 
 def hybrid_policy(
@@ -286,19 +307,21 @@ def hybrid_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """Split the free budget (after forced blocks): ``round(magnitude_fraction * free)`` slots go to the
     highest scores, the rest to the highest FRC among the blocks not yet chosen."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
     frc = frc_scores(scores, causal, lam)
 
-    def split(candidate: torch.Tensor, remaining: torch.Tensor, magnitude: torch.Tensor, flat: bool) -> torch.Tensor:
+    def split(candidate, remaining: torch.Tensor, magnitude, flat: bool, max_count: int | None) -> torch.Tensor:
         n_mag = torch.floor(remaining.float() * magnitude_fraction + 0.5).long()
-        by_mag = _top_among(magnitude, candidate, n_mag)
+        by_mag = _top_among(magnitude, candidate, n_mag, max_count)
         # the FRC part ranks only what magnitude left; its share is the rest of the free slots
-        return by_mag | _top_among(frc.flatten(-2) if flat else frc, candidate & ~by_mag, remaining - n_mag)
+        rest = remaining - n_mag
+        return by_mag | _top_among(frc.flatten(-2) if flat else frc, candidate & ~by_mag, rest, max_count)
 
-    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks, extra=split)
+    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks, max_keep=max_keep, extra=split)
 
 
 def streaming_policy(
@@ -309,13 +332,14 @@ def streaming_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """StreamingLLM-style: the ``sink_blocks`` leading blocks plus the most recent causal blocks
     (a local window ending at the diagonal) up to the budget; scores are ignored."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
     n_k = scores.shape[-1]
     recency = torch.arange(n_k, device=scores.device, dtype=torch.float32).expand(scores.shape)
-    return _budgeted_keep(recency, causal, n_keep, sink_blocks)
+    return _budgeted_keep(recency, causal, n_keep, sink_blocks, max_keep=max_keep)
 
 
 def dense_policy(
@@ -326,6 +350,7 @@ def dense_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """Every causal block, whatever the budget."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
@@ -340,11 +365,12 @@ def oracle_policy(
     lam: float = 0.5,
     sink_blocks: int = 0,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """Evaluation only: ``scores`` is the TRUE block attention mass (:func:`true_block_mass`); keep the
     blocks carrying the most of it."""
     _validate_policy_args(lam, sink_blocks, magnitude_fraction)
-    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks)
+    return _budgeted_keep(scores.float(), causal, n_keep, sink_blocks, max_keep=max_keep)
 
 
 SELECTION_POLICIES: dict[str, Callable[..., torch.Tensor]] = {
@@ -372,6 +398,7 @@ def select_blocks(
     sink_blocks: int = 0,
     lam: float = 0.5,
     magnitude_fraction: float = 0.5,
+    max_keep: int | None = None,
 ) -> torch.Tensor:
     """Budgeted block selection ``(B, H, Mq, Mk)`` bool; see the module docstring for the exact rule.
 
@@ -393,16 +420,26 @@ def select_blocks(
     if sparsity == 0:
         return visible.expand(scores.shape).clone()
     n_q = scores.shape[-2]
+    n_k = scores.shape[-1]
+    max_keep = None
     if budget == "row":
         # on the device, in float64 like the host's round-half-up: no GPU sync on the prefill/decode path
         per_row = (1.0 - sparsity) * visible.sum().double() / max(n_q, 1)
         k = torch.floor(per_row + 0.5).clamp_min(1).long()
         n_keep: int | torch.Tensor = visible.sum(-1).clamp(max=k)
+        # a host bound on k (at most Mk causal blocks per row; +1 covers the division's rounding) for top-k
+        max_keep = min(n_k, _round_half_up((1.0 - sparsity) * n_k) + 1)
     else:
         total = int(visible.sum())
         n_keep = min(max(1, _round_half_up((1.0 - sparsity) * total)), total)
     return SELECTION_POLICIES[policy](
-        scores, causal, n_keep, lam=lam, sink_blocks=sink_blocks, magnitude_fraction=magnitude_fraction
+        scores,
+        causal,
+        n_keep,
+        lam=lam,
+        sink_blocks=sink_blocks,
+        magnitude_fraction=magnitude_fraction,
+        max_keep=max_keep,
     )
 
 
