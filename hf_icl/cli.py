@@ -176,11 +176,15 @@ def run_niah_command(args) -> int:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .attention.cab import CABParams, config_field
     from .data.niah import NeedleInAHaystackConfig, load_tokenizer
     from .evaluation.niah import niah_methods, run_niah
     from .evaluation.niah_report import write_niah_report
 
     methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
+    knobs = {name: getattr(args, name) for name in ("lam", "sink_blocks", "magnitude_fraction")}
+    knobs = {name: value for name, value in knobs.items() if value is not None}
+    CABParams(**knobs)  # validates them (the errors name the cab_* field)
     model_path = str(Path(args.model).resolve()) if os.path.exists(args.model) else args.model
     tokenizer = load_tokenizer(args.tokenizer or model_path)
     grid = {
@@ -194,6 +198,8 @@ def run_niah_command(args) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=args.dtype, attn_implementation="sdpa")
     model.to(device).eval()
+    for name, value in knobs.items():  # CAB's other hyperparameters live on the config, as enable_cab stores them
+        setattr(model.config, config_field(name), value)
     out = Path(args.output_dir)
     records = run_niah(
         model,
@@ -328,6 +334,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     niah.add_argument("--block-size", type=int, default=16, help="CAB block size (power of two, 16 to 128)")
     niah.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")
+    niah.add_argument("--lam", type=float, default=None, help="FRC's two-hop weight λ (None: the model's, else 0.5)")
+    niah.add_argument("--sink-blocks", type=int, default=None, help="leading blocks always kept (None: 1)")
+    niah.add_argument(
+        "--magnitude-fraction", type=float, default=None, help="hybrid's share of slots by magnitude (None: 0.5)"
+    )
     niah.add_argument("--haystack", default="filler", help="'filler' or the path of a text file")
     niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
     niah.add_argument("--device", default=None, help="None: cuda if available, else cpu")

@@ -410,10 +410,48 @@ def test_cli_end_to_end_and_resume(tokenizer, tmp_path, capsys):
         (["--sparsities", "0.5,1"], r"sparsities\[1\] must be in \[0, 1\)"),
         (["--policies", "frc,nope"], r"policies\[1\] must be one of"),
         (["--block-size", "32"], "another configuration"),
+        (["--sink-blocks", "2"], "another configuration"),  # the knob reaches the config the header records
+        (["--magnitude-fraction", "1.5"], "cab_magnitude_fraction"),
+        (["--lam", "-1"], "cab_lambda"),
     ]:
         assert main([*argv, *change]) == 2
         err = capsys.readouterr().err
         assert "hf-icl niah: error:" in err and re.search(match, err), err
+
+
+def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
+    saved = tmp_path / "tiny"
+    tiny_gpt2(len(tokenizer), seed=2).save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    from hf_icl.attention import cab
+
+    seen, original = [], cab.select_cab_blocks
+
+    def spy(query, key, params, *args, **kwargs):
+        seen.append(params)
+        return original(query, key, params, *args, **kwargs)
+
+    monkeypatch.setattr(cab, "select_cab_blocks", spy)
+    out = tmp_path / "knobs"
+    argv = [
+        "niah",
+        "--model",
+        str(saved),
+        "--lengths",
+        "96",
+        "--depths",
+        "0.5",
+        "--samples",
+        "1",
+        "--policies",
+        "hybrid",
+    ]
+    argv += ["--sparsities", "0.5", "--device", "cpu", "--output-dir", str(out), "--no-progress"]
+    argv += ["--sink-blocks", "0", "--lam", "0.25", "--magnitude-fraction", "1"]
+    assert main(argv) == 0
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["niah_header"]
+    assert header["cab"] == {"lam": 0.25, "sink_blocks": 0, "magnitude_fraction": 1.0}
+    assert seen and all((p.sink_blocks, p.lam, p.magnitude_fraction) == (0, 0.25, 1.0) for p in seen)
 
 
 def test_a_bos_token_the_tokenizer_adds_is_prepended(monkeypatch):
