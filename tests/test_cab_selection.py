@@ -477,6 +477,9 @@ def test_policy_level_validation(policy):
     causal = causal_block_mask(3, 3)
     with pytest.raises(ValueError, match="lam"):
         SELECTION_POLICIES[policy](random_scores(1, 1, 3, 3, 0), causal, 2, lam=-1.0)
+    if policy != "dense":  # the dense policy has no budget to bound
+        with pytest.raises(ValueError, match=r"max_keep=-1 is invalid"):
+            SELECTION_POLICIES[policy](random_scores(1, 1, 3, 3, 0), causal, torch.tensor([1, 2, 2]), max_keep=-1)
 
 
 def test_bad_causal_mask_and_offsets():

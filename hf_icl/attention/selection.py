@@ -28,6 +28,10 @@ Forced blocks and budgets (the exact rule, shared by every budgeted policy):
   capped at ``C``. ``sparsity == 0`` returns exactly the causal mask for every policy (a row budget
   would otherwise cap late rows at the average row length).
 * Ties in a policy's ranking are broken towards the lower (earlier) flat block index.
+* Every budgeted policy also takes ``max_keep``: a host-side upper bound on the per-row budget (what
+  :func:`select_blocks` passes), which lets the selection run one partial top-k instead of a full sort
+  without reading the budget back from the device. It must not be below any row's budget; ``None`` is
+  always safe.
 
 The CAB "FRC" curvature proxy: ``A`` = block scores min-max normalised to ``[0, 1]`` over the
 causal entries of each ``(b, h)``, future entries set to 0 (before normalisation and before the
@@ -214,6 +218,8 @@ def _budgeted_keep(
     0-dim tensor) → budget per ``(b, h)`` over the flattened grid. ``extra(candidate, remaining, rank, flat,
     max_count)``, if given, replaces the plain top selection of the free slots (the hybrid policy splits them).
     """
+    if max_keep is not None and (not isinstance(max_keep, int) or isinstance(max_keep, bool) or max_keep < 0):
+        raise ValueError(f"max_keep={max_keep!r} is invalid; allowed: None or an integer >= 0")
     n_q, n_k = rank.shape[-2:]
     visible = _causal_or_all(rank, causal)
     forced = forced_blocks(causal, n_q, n_k, sink_blocks, device=rank.device)
