@@ -67,13 +67,21 @@ class RetrievalPrompts(IterableDataset):
     def __init__(self, niah: NeedleInAHaystackConfig, args: argparse.Namespace):
         self.niah, self.args = niah, args
 
-    def __iter__(self):
-        worker = get_worker_info()  # each dataloader worker draws its own stream, not a copy of the same one
-        rng = random.Random(self.args.seed * 1009 + (worker.id if worker else 0))
+    def length_cap(self, step: int) -> int:
+        """The longest prompt of global batch ``step``: the curriculum's linear ramp."""
         args = self.args
-        for step in range(10**12):
-            cap = args.min_length + (args.max_length - args.min_length) * min(1.0, step / max(args.ramp_steps, 1))
-            length = rng.randrange(args.min_length, int(cap) + 1)
+        ramp = min(1.0, step / max(args.ramp_steps, 1))
+        return int(args.min_length + (args.max_length - args.min_length) * ramp)
+
+    def __iter__(self):
+        # Each dataloader worker draws its own stream, and the loader takes batches from the workers in turn:
+        # worker w's i-th batch is global batch i * num_workers + w, which is what the ramp must count.
+        worker = get_worker_info()
+        worker_id, n_workers = (worker.id, worker.num_workers) if worker else (0, 1)
+        rng = random.Random(self.args.seed * 1009 + worker_id)
+        args = self.args
+        for local_step in range(10**12):
+            length = rng.randrange(args.min_length, self.length_cap(local_step * n_workers + worker_id) + 1)
             for _ in range(args.batch_size):
                 row = self.niah.row(length, rng.random(), rng.randrange(10**9))
                 ids = torch.tensor(row["input_ids"] + row["answer_ids"])

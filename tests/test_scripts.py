@@ -141,12 +141,29 @@ def test_retrieval_prompts_give_each_dataloader_worker_its_own_stream(monkeypatc
     prompts = script.RetrievalPrompts(niah, args)
 
     def first_rows(worker_id):
-        worker = None if worker_id is None else SimpleNamespace(id=worker_id)
+        worker = None if worker_id is None else SimpleNamespace(id=worker_id, num_workers=2)
         monkeypatch.setattr(script, "get_worker_info", lambda: worker)
         return [row["input_ids"].tolist() for row in itertools.islice(iter(prompts), 4)]
 
     assert first_rows(0) == first_rows(0) == first_rows(None)  # deterministic, and worker 0 is the main stream
     assert first_rows(0) != first_rows(1)
+
+
+def test_length_ramp_counts_global_batches_across_workers(monkeypatch):
+    """Worker w of n makes global batches w, w + n, ...: its ramp must advance n times faster than its own count."""
+    import argparse
+    import itertools
+    from types import SimpleNamespace
+
+    script = load("train_niah_retriever")
+    args = argparse.Namespace(seed=0, min_length=64, max_length=1064, ramp_steps=100, batch_size=1)
+    niah = script.NeedleInAHaystackConfig(tokenizer=script.build_tokenizer(300), context_lengths=[96], depths=[0.5])
+    prompts = script.RetrievalPrompts(niah, args)
+    assert [prompts.length_cap(step) for step in (0, 50, 100, 400)] == [64, 564, 1064, 1064]
+    monkeypatch.setattr(script, "get_worker_info", lambda: SimpleNamespace(id=3, num_workers=4))
+    lengths = [len(row["input_ids"]) - 6 for row in itertools.islice(iter(prompts), 30)]  # minus the answer
+    assert all(length <= prompts.length_cap(4 * i + 3) for i, length in enumerate(lengths))
+    assert max(lengths) > prompts.length_cap(29)  # a per-worker count would have capped every prompt here
 
 
 def test_train_niah_retriever_time_limit_stops_and_still_saves(tmp_path, capsys):
