@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
     trainer.train()
     seconds = time.time() - start
     model = trainer.model.float()
+    model.config.use_cache = True  # the Trainer turns the KV cache off for training; users expect it on
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     held_out = NeedleInAHaystackConfig(

@@ -105,6 +105,7 @@ def test_train_niah_retriever_saves_a_reloadable_model_with_card_and_eval(tmp_pa
     card = (out / "README.md").read_text()
     assert all(f"| {length} | {100 * a:.1f}% |" in card for length, a in accuracy.items())
     model, tokenizer = AutoModelForCausalLM.from_pretrained(out), AutoTokenizer.from_pretrained(out)
+    assert model.config.use_cache  # saved for inference, not with the Trainer's training-time setting
     ids = tokenizer("The pass key is 12345.", return_tensors="pt").input_ids
     assert all(len(tokenizer.convert_ids_to_tokens([i])[0].strip("Ġ")) <= 1 for i in ids[0, 4:9].tolist())
     assert torch.isfinite(model(ids).logits).all()
