@@ -58,6 +58,20 @@ def test_cached_queries_with_offset(n_q, q_offset):
     )
 
 
+@pytest.mark.parametrize("q_offset", [0, 37, 48])
+def test_decode_query_with_padding_mask_matches_dense(q_offset):
+    """One query (decode; its block is not padded to block_size) under a left-padding mask."""
+    g = torch.Generator().manual_seed(q_offset + 11)
+    n_k = q_offset + 1
+    q, k, v = qkv(2, 3, 1, n_k, 32, g)
+    mask = torch.ones(2, 1, 1, n_k, dtype=torch.bool)
+    mask[1, ..., : min(5, n_k - 1)] = False  # the second sequence is left-padded
+    keep = random_keep(2, 3, 1, -(-n_k // 16), q_offset // 16, g)
+    kwargs = dict(block_size=16, scaling=0.2, q_offset=q_offset, attention_mask=mask)
+    out = block_sparse_attention(q, k, v, keep, **kwargs)
+    torch.testing.assert_close(out, dense_masked_attention(q, k, v, keep, **kwargs))
+
+
 def test_padding_mask_and_fully_masked_rows_give_no_nan():
     g = torch.Generator().manual_seed(3)
     q, k, v = qkv(2, 2, 40, 40, 32, g)

@@ -60,23 +60,27 @@ def block_sparse_attention(
     batch, heads, n_q, dim = query.shape
     indices, valid = selected_block_indices(keep)  # (B, H, Mq, K)
     n_k_blocks = keep.shape[-1]
-    # Unused slots point at an extra all-zero block placed after every key: it lies in every
-    # query's future, so the causal mask below is the only mask the selection needs.
+    # Unused slots point one block past the keys: wholly in every query's future, so they are masked
+    # like the rest of the future (and like the padding of a partial last block, beyond Nk).
     indices = indices.masked_fill(~valid, n_k_blocks)
-    q_blocks = _blocks(query, block_size)  # (B, H, Mq, bs, D)
+    # fewer queries than a block (decode): one query block of just those rows, not padded to block_size
+    q_rows = min(block_size, n_q)
+    q_blocks = _blocks(query, q_rows)  # (B, H, Mq, q_rows, D)
     n_q_blocks = q_blocks.shape[2]
-    heads_offset = torch.arange(batch * heads, device=query.device).view(batch, heads, 1, 1) * (n_k_blocks + 1)
-    flat = (heads_offset + indices).flatten()
-
-    def gathered(x):  # (B, H, Nk, D) → (B, H, Mq, K·bs, D): contiguous block copies
-        blocks = F.pad(_blocks(x, block_size), (0, 0, 0, 0, 0, 1))  # the extra future block
-        return blocks.flatten(0, 2).index_select(0, flat).view(batch, heads, n_q_blocks, -1, dim)
-
-    q_pos = q_offset + torch.arange(n_q_blocks * block_size, device=query.device).view(n_q_blocks, block_size, 1)
+    n_k = key.shape[2]
+    q_pos = q_offset + torch.arange(n_q_blocks * q_rows, device=query.device).view(n_q_blocks, q_rows, 1)
     k_pos = (indices.unsqueeze(-1) * block_size + torch.arange(block_size, device=query.device)).flatten(-2)
-    allowed = k_pos.unsqueeze(-2) <= q_pos  # (B, H, Mq, bs, K·bs)
+    # the selected keys' rows of the (B·H·Nk, D) tensor: gathering them reads only the selected blocks,
+    # where padding K and V to whole blocks first would copy the entire cache at every decode step
+    heads_offset = torch.arange(batch * heads, device=query.device).view(batch, heads, 1, 1) * n_k
+    rows = (heads_offset + k_pos.clamp(max=n_k - 1)).flatten()
+
+    def gathered(x):  # (B, H, Nk, D) → (B, H, Mq, K·bs, D)
+        return x.reshape(-1, dim).index_select(0, rows).view(batch, heads, n_q_blocks, -1, dim)
+
+    allowed = (k_pos.unsqueeze(-2) <= q_pos) & (k_pos < n_k).unsqueeze(-2)  # (B, H, Mq, q_rows, K·bs)
     if attention_mask is not None:
-        allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, n_q_blocks, heads)
+        allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, q_rows, heads)
     # an additive mask built in one pass (SDPA would convert a bool mask in two), in 4-D
     # (batch·heads, query blocks, …) so SDPA takes its fused kernel, not the unfused fallback
     bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
@@ -87,21 +91,21 @@ def block_sparse_attention(
         attn_mask=bias.flatten(0, 1),
         dropout_p=dropout,
         scale=scaling,
-    ).reshape(batch, heads, n_q_blocks * block_size, dim)  # CUDA SDPA may return a non-contiguous layout
+    ).reshape(batch, heads, n_q_blocks * q_rows, dim)  # CUDA SDPA may return a non-contiguous layout
     if attention_mask is not None:
         out = out.nan_to_num(0.0)  # padded queries see nothing; causality alone never empties a row
     return out[:, :, :n_q]
 
 
 def _gather_token_mask(
-    mask: torch.Tensor, indices: torch.Tensor, block_size: int, n_q_blocks: int, heads: int
+    mask: torch.Tensor, indices: torch.Tensor, block_size: int, q_rows: int, heads: int
 ) -> torch.Tensor:
-    """Bool ``(B, 1|H, Nq, Nk)`` mask → ``(B, H, Mq, bs, K·bs)`` aligned with the gathered keys."""
+    """Bool ``(B, 1|H, Nq, Nk)`` mask → ``(B, H, Mq, q_rows, K·bs)`` aligned with the gathered keys."""
     batch, _, n_q, n_k = mask.shape
-    pad_q, pad_k = -n_q % block_size, -n_k % block_size + block_size  # + the extra future block
+    pad_q, pad_k = -n_q % q_rows, -n_k % block_size + block_size  # + the extra future block
     mask = F.pad(mask, (0, pad_k, 0, pad_q), value=False).expand(batch, heads, -1, -1)
-    mask = mask.unflatten(2, (n_q_blocks, block_size)).unflatten(-1, (-1, block_size))  # (B,H,Mq,bs,Mk,bs)
-    index = indices[:, :, :, None, :, None].expand(-1, -1, -1, block_size, -1, block_size)
+    mask = mask.unflatten(2, (-1, q_rows)).unflatten(-1, (-1, block_size))  # (B, H, Mq, q_rows, Mk, bs)
+    index = indices[:, :, :, None, :, None].expand(-1, -1, -1, q_rows, -1, block_size)
     return mask.gather(4, index).flatten(-2)
 
 
