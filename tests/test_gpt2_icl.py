@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModel
 
 from hf_icl.modeling import GPT2ForInContextRegression, GPT2ICLConfig, build_model
-from hf_icl.modeling.outputs import ConcatenatedPrompt, InterleavedPrompt
+from hf_icl.modeling.prompts import ConcatenatedPrompt, InterleavedPrompt
 
 D, N = 4, 7
 

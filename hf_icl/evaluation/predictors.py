@@ -3,7 +3,7 @@
 A *predictor* is either
 
 * an ICL model, a ``torch.nn.Module`` called as ``model(xs, ys)`` that returns an
-  :class:`~hf_icl.modeling.outputs.ICLOutput` (or a plain tensor). It runs in eval mode under
+  :class:`~hf_icl.modeling.heads.ICLOutput` (or a plain tensor). It runs in eval mode under
   ``torch.no_grad()`` on its own device, with ONE forward pass per batch of prompts (a causal
   model predicts every position at once), and its training flag is restored afterwards; or
 * any callable ``(xs, ys) -> (B, N)`` such as an estimator from :mod:`hf_icl.estimators`. It

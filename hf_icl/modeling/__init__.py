@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModel
 
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
-from .outputs import ICLHead, ICLOutput
+from .heads import ICLHead, ICLOutput
 
 #: model_type -> (config class, predicting model class)
 MODEL_CLASSES = {GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression)}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import GPT2Config
 
 from ...validation import check_choice, check_float, check_int
-from ..outputs import PROBLEM_TYPES, PROMPT_FORMATS
+from ..prompts import PROMPT_FORMATS, TARGET_KINDS
 
 #: name -> (n_embd, n_layer, n_head)
 SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
@@ -53,7 +53,7 @@ class GPT2ICLConfig(GPT2Config):
     def __post_init__(self, **kwargs):
         check_int("n_dims", self.n_dims, low=1)
         check_int("n_points", self.n_points, low=1)
-        check_choice("target_kind", self.target_kind, PROBLEM_TYPES)
+        check_choice("target_kind", self.target_kind, TARGET_KINDS)
         check_int("n_classes", self.n_classes, low=2)
         check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
         for name in ("n_embd", "n_layer", "n_head"):

@@ -13,8 +13,9 @@ from transformers import GPT2Model
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
+from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..outputs import PROMPT_FORMATS, ICLHead, ICLOutput, check_prompt, encode_labels, loss_mask_for
+from ..prompts import PROMPT_FORMATS, check_prompt, encode_labels
 from .configuration_gpt2_icl import GPT2ICLConfig
 
 
