@@ -20,9 +20,9 @@ import sys
 from pathlib import Path
 
 from .data.tasks import TASK_REGISTRY, get_task
-from .evaluation.baselines import estimator_for_task
+from .evaluation.baselines import default_baselines, estimator_for_task
 
-QUICKSTART_ESTIMATORS = ("least_squares", "optimal_ridge", "averaging", "knn")
+DEFAULT_N_DIMS = 5  # compare's input dimension for families that have no default of their own
 
 
 def _formatter(prog):
@@ -89,23 +89,59 @@ def run_evaluate(args) -> int:
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
     if args.ood:
         family = ood_task(family, args.ood)
-    predictors = {"model": model, **{name: estimator_for_task(name, family) for name in args.estimators}}
+    predictors = {model.config.model_type: model, **_estimators(args.estimators, family)}
     result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=args.device)
-    print(result.to_markdown())
-    if args.plot:
-        print(f"plot: {result.plot(args.plot, log_y=args.log_y)}")
+    _print_context_scaling(result, family, args)
     return 0
 
 
 def run_compare(args) -> int:
-    from .evaluation import compare_on_task, markdown_table
+    from .evaluation import evaluate_context_scaling
 
-    family = get_task(args.task, n_dims=args.n_dims, **args.task_params)
-    predictors = {name: estimator_for_task(name, family) for name in args.estimators}
-    errors = compare_on_task(predictors, family, n_prompts=args.n_prompts, n_points=args.n_points, seed=args.seed)
-    print(f"Squared error / d on {args.n_prompts} prompts of {family.name} (d={args.n_dims}, seed={args.seed})")
-    print(markdown_table(errors))
+    params = dict(args.task_params)
+    if args.n_dims is not None:
+        params["n_dims"] = args.n_dims
+    elif _requires_n_dims(args.task):
+        params["n_dims"] = DEFAULT_N_DIMS
+    family = get_task(args.task, **params)
+    predictors = _estimators(args.estimators, family)
+    result = evaluate_context_scaling(
+        predictors, family, n_prompts=args.n_prompts, n_points=args.n_points, seed=args.seed
+    )
+    _print_context_scaling(result, family, args)
     return 0
+
+
+def _requires_n_dims(task: str) -> bool:
+    """Whether the family ``task`` has no default input dimension of its own."""
+    field = next(f for f in dataclasses.fields(TASK_REGISTRY[task]) if f.name == "n_dims")
+    return field.default is dataclasses.MISSING
+
+
+def _estimators(names: list[str] | None, family) -> dict:
+    """The named estimators configured for ``family``; its default baselines when ``names`` is None."""
+    if names is None:
+        baselines = default_baselines(family)
+        if not baselines:
+            raise ValueError(
+                f"{family.name} has no default baselines (estimators regress labels, and class ids are not "
+                "values); name some with --estimators, e.g. --estimators knn"
+            )
+        return baselines
+    return {name: estimator_for_task(name, family) for name in names}
+
+
+def _print_context_scaling(result, family, args) -> None:
+    """The table (mean and bootstrap band per position) under a line saying what it measures."""
+    from .evaluation.plotting import band_label
+
+    print(
+        f"{result.metric.axis_label}, {band_label(result.confidence)}, on {result.n_prompts} prompts of "
+        f"{family.name} (d={family.n_dims}, seed={args.seed})"
+    )
+    print(result.to_markdown())
+    if args.plot:
+        print(f"plot: {result.plot(args.plot, log_y=args.log_y)}")
 
 
 def run_tasks(args) -> int:
@@ -232,6 +268,16 @@ def run_bench(argv: list[str]) -> int:
 # -- parser --------------------------------------------------------------------------------------
 
 
+def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--plot", default=None, help="write the context-scaling PNG here")
+    parser.add_argument(
+        "--log-y",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="logarithmic y axis (default: log for errors, linear for accuracy)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-icl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -260,14 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument(
         "--estimators",
         type=lambda s: s.split(","),
-        default=["least_squares", "averaging", "knn"],
-        help="comma-separated baselines",
+        default=None,
+        help="comma-separated baselines (default: the task's, e.g. least_squares,averaging,knn)",
     )
     ev.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
     ev.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     ev.add_argument("--device", default=None, help="device for the model (default: where it is)")
-    ev.add_argument("--plot", default=None, help="write the context-scaling PNG here")
-    ev.add_argument("--log-y", action="store_true", help="logarithmic error axis in the plot")
+    _add_plot_arguments(ev)
     ev.set_defaults(run=run_evaluate)
 
     quick = commands.add_parser(
@@ -276,14 +321,20 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY), help="task family", metavar="NAME"
     )
-    quick.add_argument("--task-params", type=_json_dict, default={"noise_std": 0.25}, help="JSON hyperparameters")
-    quick.add_argument("--n-dims", type=int, default=5, help="input dimension d")
+    quick.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters of the family")
+    quick.add_argument(
+        "--n-dims", type=int, default=None, help=f"input dimension d (the family's default, else {DEFAULT_N_DIMS})"
+    )
     quick.add_argument("--n-points", type=int, default=16, help="examples per prompt")
     quick.add_argument("--n-prompts", type=int, default=1280, help="prompts to average over")
     quick.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     quick.add_argument(
-        "--estimators", type=lambda s: s.split(","), default=list(QUICKSTART_ESTIMATORS), help="comma-separated"
+        "--estimators",
+        type=lambda s: s.split(","),
+        default=None,
+        help="comma-separated (default: the task's baselines, as in hf-icl evaluate)",
     )
+    _add_plot_arguments(quick)
     quick.set_defaults(run=run_compare)
 
     tasks = commands.add_parser("tasks", help="list task families and their hyperparameters")

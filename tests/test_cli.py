@@ -5,25 +5,56 @@ import pytest
 import torch
 
 from hf_icl.cli import build_parser, main
-from hf_icl.data.tasks import available_tasks
+from hf_icl.data.tasks import available_tasks, get_task
 
 
 def test_compare_prints_one_row_per_context_length(capsys):
-    assert main(["compare", "--n-dims", "3", "--n-points", "8", "--n-prompts", "200"]) == 0
+    argv = ["compare", "--task-params", '{"noise_std": 0.25}', "--n-dims", "3", "--n-points", "8", "--n-prompts", "200"]
+    assert main(argv) == 0
     out = capsys.readouterr().out
+    head = "squared error / d (= 3), 5–95% bootstrap band, on 200 prompts of noisy_linear_regression (d=3"
+    assert out.startswith(head)
     header = next(line for line in out.splitlines() if line.startswith("| examples"))
+    # the default baselines of noisy linear regression, as hf-icl evaluate and the trainer use them
     assert [c.strip() for c in header.strip("|").split("|")][1:] == [
         "least_squares",
         "optimal_ridge",
         "averaging",
         "knn",
-        "zero",
+        "trivial",
     ]
     rows = [line for line in out.splitlines() if line.startswith("| ") and line[2].isdigit()]
     assert len(rows) == 8
-    last = [float(c) for c in rows[-1].strip("|").split("|")[1:]]
+    last = [float(c.split("[")[0]) for c in rows[-1].strip("|").split("|")[1:]]
     # with 7 examples in 3 dimensions least squares and Bayes ridge beat the zero predictor clearly
     assert last[0] < 0.5 * last[-1] and last[1] < 0.5 * last[-1]
+
+
+@pytest.mark.parametrize("task", [name for name in available_tasks() if name != "categorical"])
+def test_compare_runs_every_family_with_its_defaults(task, capsys):
+    assert main(["compare", "--task", task, "--n-points", "4", "--n-prompts", "16"]) == 0
+    out = capsys.readouterr().out
+    assert f"prompts of {task} (d=" in out and "| 3 |" in out
+
+
+def test_compare_on_categorical_labels_asks_for_estimators(capsys):
+    argv = ["compare", "--task", "categorical", "--n-points", "4", "--n-prompts", "16"]
+    assert main(argv) == 2
+    assert "--estimators" in capsys.readouterr().err
+    assert main([*argv, "--estimators", "knn"]) == 0
+    assert "accuracy, 5–95% bootstrap band" in capsys.readouterr().out
+
+
+def test_compare_numbers_are_evaluate_context_scaling_s(capsys):
+    from hf_icl.evaluation import evaluate_context_scaling
+    from hf_icl.evaluation.baselines import default_baselines
+
+    assert main(["compare", "--task", "decision_tree", "--n-dims", "4", "--n-points", "5", "--n-prompts", "30"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("squared error / 1, ")  # trees' leaves are N(0, 1): the normaliser is 1, not d
+    task = get_task("decision_tree", n_dims=4)
+    expected = evaluate_context_scaling(default_baselines(task), task, n_prompts=30, n_points=5, seed=0)
+    assert expected.to_markdown() in out
 
 
 def test_tasks_lists_every_family(capsys):
@@ -71,7 +102,7 @@ def test_train_then_evaluate(tmp_path, capsys):
     argv = ["evaluate", "--model", str(out), "--estimators", "least_squares,optimal_ridge", "--n-prompts", "64"]
     assert main([*argv, "--plot", str(plot)]) == 0
     header = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| examples"))
-    assert "model" in header and "optimal_ridge" in header
+    assert "gpt2_icl" in header and "optimal_ridge" in header  # the curve is named by its model
     assert plot.stat().st_size > 5_000
     assert main(["evaluate", "--model", str(out), "--ood", "scaled_x", "--n-prompts", "32"]) == 0
 

@@ -12,9 +12,7 @@ from hf_icl.evaluation import bootstrap as bootstrap_module
 from hf_icl.evaluation import (
     bootstrap_band,
     bootstrap_indices,
-    compare_on_task,
     evaluate_context_scaling,
-    markdown_table,
 )
 from hf_icl.modeling import GPT2ForInContextRegression, GPT2ICLConfig, ICLOutput
 
@@ -87,7 +85,7 @@ def test_per_position_error_matches_a_plain_loop_normalised_by_d():
     assert xs.shape == (7, 5, 3)
     torch.testing.assert_close(result.curves["sum"], loop_mean_squared_error(xs.sum(-1), ys, 3.0))
     torch.testing.assert_close(result.trivial, loop_mean_squared_error(torch.zeros_like(ys), ys, 3.0))
-    assert result.metric.normalizer == 3.0 and result.metric.name == "normalized_squared_error"
+    assert result.metric.normalizer == 3.0 and result.metric.name == "squared_error/d"
 
 
 def test_sparse_linear_regression_is_normalised_by_the_sparsity():
@@ -252,12 +250,14 @@ def test_shortest_model_context_is_used_and_mismatched_target_kinds_are_refused(
 # -- classification -----------------------------------------------------------------------------
 
 
-def test_binary_accuracy_uses_the_sign_with_zero_meaning_plus_one():
+def test_binary_accuracy_uses_the_sign_and_counts_an_exact_zero_as_wrong():
     task = get_task("linear_classification", n_dims=4)
     result = evaluate_context_scaling(
         {
             "scaled": lambda xs, ys: 3.0 * ys,
-            "zero_for_plus": lambda xs, ys: 5.0 * (ys - 1) / 2,  # +1 → 0 (means +1), −1 → −5
+            "zero_for_plus": lambda xs, ys: 5.0 * (ys - 1) / 2,  # +1 → 0 (no label), −1 → −5
+            "zero_for_minus": lambda xs, ys: 5.0 * (ys + 1) / 2,  # −1 → 0 (no label), +1 → +5
+            "always_zero": lambda xs, ys: torch.zeros_like(ys),
             "negated": lambda xs, ys: -ys,
         },
         task,
@@ -266,7 +266,11 @@ def test_binary_accuracy_uses_the_sign_with_zero_meaning_plus_one():
     )
     assert result.metric.name == "accuracy"
     assert torch.equal(result.curves["scaled"], torch.ones(5, dtype=torch.float64))
-    assert torch.equal(result.curves["zero_for_plus"], torch.ones(5, dtype=torch.float64))
+    # Garg et al.: sign(0) = 0 matches neither label, so each curve is right only on the other label
+    both = result.curves["zero_for_plus"] + result.curves["zero_for_minus"]
+    torch.testing.assert_close(both, torch.ones(5, dtype=torch.float64))
+    assert 0.3 < float(result.curves["zero_for_plus"].mean()) < 0.7
+    assert torch.equal(result.curves["always_zero"], torch.zeros(5, dtype=torch.float64))
     assert torch.equal(result.curves["negated"], torch.zeros(5, dtype=torch.float64))
     assert torch.equal(result.trivial, torch.full((5,), 0.5, dtype=torch.float64))
     assert {row["metric"] for row in result.rows} == {"accuracy"}
@@ -390,19 +394,6 @@ def test_context_scaling_plot_is_a_real_png(tmp_path):
     assert image[..., :3].std() > 0.05  # not a blank canvas
     log_path = result.plot(tmp_path / "log.png", log_y=True)
     assert log_path == tmp_path / "log.png" and log_path.stat().st_size > 5_000
-
-
-# -- the CLI's helpers ----------------------------------------------------------------------------
-
-
-def test_compare_on_task_agrees_with_the_context_scaling_curves():
-    task = get_task("linear_regression", n_dims=3)
-    errors = compare_on_task({"half": lambda xs, ys: 0.5 * ys}, task, n_prompts=80, n_points=5, seed=2)
-    result = evaluate_context_scaling({"half": lambda xs, ys: 0.5 * ys}, task, 80, seed=2, n_points=5, n_bootstrap=10)
-    torch.testing.assert_close(errors["half"], result.curves["half"])
-    torch.testing.assert_close(errors["zero"], result.trivial)
-    table = markdown_table(errors, positions=[4]).splitlines()
-    assert table[0] == "| examples | half | zero |" and table[2].startswith("| 4 | ")
 
 
 # -- bad inputs ---------------------------------------------------------------------------------

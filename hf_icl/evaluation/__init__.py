@@ -10,8 +10,6 @@
 * :func:`run_niah`, :func:`niah_methods`, :func:`summarize_niah`, :func:`write_niah_report`: needle-in-a-haystack
   passkey retrieval under dense and CAB attention (exact match, answer log-prob, attention preservation),
   resumable, with heatmaps (``hf-icl niah``).
-* :func:`error_by_position`, :func:`compare_on_task`, :func:`markdown_table`: plain error tables
-  (the CLI's quickstart).
 
 Example::
 
@@ -30,7 +28,6 @@ Example::
 from typing import Any
 
 from .bootstrap import bootstrap_band, bootstrap_indices
-from .compare import compare_on_task, error_by_position, markdown_table
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
 from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
 from .niah import NIAHMethod, greedy_answer, load_niah_results, niah_methods, run_niah
@@ -61,14 +58,11 @@ __all__ = [
     "TaskScalingResult",
     "bootstrap_band",
     "bootstrap_indices",
-    "compare_on_task",
-    "error_by_position",
     "evaluate_context_scaling",
     "evaluate_task_scaling",
     "load_metric",
     "greedy_answer",
     "load_niah_results",
-    "markdown_table",
     "metric_for_task",
     "niah_methods",
     "normalizer_for",

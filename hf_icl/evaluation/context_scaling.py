@@ -17,7 +17,7 @@ Example::
     >>> float(result.curves["least_squares"][5]) < 1e-6 < float(result.trivial[5])
     True
     >>> result.rows[0]["predictor"], result.rows[0]["n_examples"], result.rows[0]["metric"]
-    ('least_squares', 0, 'normalized_squared_error')
+    ('least_squares', 0, 'squared_error/d')
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from ..data.tasks import TaskFamily, make_task
 from ..validation import check_int
 from .bootstrap import band_from_indices, bootstrap_indices, check_confidence
 from .metrics import PositionMetric, metric_for_task
-from .plotting import BASELINE_STYLES, draw_band_curve, new_axes, save_figure
+from .plotting import BASELINE_STYLES, draw_band_curve, finish_axes, new_axes, save_figure
 from .predictors import (
     Predictor,
     check_predictors,
@@ -116,8 +116,10 @@ class ContextScalingResult:
         positions = range(self.n_points) if positions is None else positions
         return markdown_grid("examples", self.predictors, positions, lambda i, name: self.cell(name, i))
 
-    def plot(self, path: str | Path, *, log_y: bool = False, title: str | None = None) -> Path:
-        """Write the curves to a PNG: bands shaded, the trivial predictor dashed; returns ``path``."""
+    def plot(self, path: str | Path, *, log_y: bool | None = None, title: str | None = None) -> Path:
+        """Write the curves to a PNG: bands shaded, the trivial predictor dashed; returns ``path``.
+
+        ``log_y`` defaults to a log axis for errors and a linear one for accuracy."""
         fig, ax = new_axes(title or f"{self.task_name} ({self.n_prompts} prompts)")
         x = torch.arange(self.n_points)
         for name in self.predictors:
@@ -125,10 +127,7 @@ class ContextScalingResult:
             draw_band_curve(ax, x, self.values[name], self.lower[name], self.upper[name], label=name, **style)
         ax.xaxis.get_major_locator().set_params(integer=True)  # example counts are whole numbers
         ax.set_xlabel("number of in-context examples")
-        ax.set_ylabel(self.metric.axis_label)
-        if log_y:
-            ax.set_yscale("log")
-        ax.legend()
+        finish_axes(ax, self.metric, log_y=log_y, confidence=self.confidence)
         return save_figure(fig, path)
 
 

@@ -10,8 +10,8 @@ Both metrics compute with the same functions as
 * ``ICLSquaredError``: ``compute(normalizer=d)`` returns ``{"squared_error": [N per-position
   means of (pred − y)² / normalizer], "mean": their average}``.
 * ``ICLAccuracy``: ``compute(target_kind="binary" | "categorical")`` returns ``{"accuracy": [N
-  per-position accuracies], "mean": ...}``. Binary predictions are logits or real values (≥ 0
-  means +1) against ±1 references; categorical predictions are class ids (e.g.
+  per-position accuracies], "mean": ...}``. Binary predictions are logits or real values (> 0
+  means +1, < 0 means −1, exactly 0 is wrong) against ±1 references; categorical predictions are class ids (e.g.
   ``logits.argmax(-1)``), rounded to the nearest integer.
 
 Example::

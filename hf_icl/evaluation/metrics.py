@@ -15,10 +15,15 @@ dimensions:
 * 1 for families whose targets do not grow with d (decision trees: N(0, 1) leaves;
   sinusoids: y = a·sin(·)).
 
+Every metric name says its normaliser (``squared_error/d``, ``squared_error/s``,
+``squared_error/1``), and every place that reports an error (the trainer's evaluation, model
+cards, ``hf-icl evaluate`` and ``hf-icl compare``, plots) takes it from :func:`metric_for_task`.
+
 Classification is scored by accuracy with one decision rule for models and estimators alike:
 
-* binary (±1 labels): a prediction ``p`` means +1 when ``p >= 0`` and −1 otherwise, whether
-  ``p`` is a model's logit or an estimator's real-valued regression on the ±1 labels;
+* binary (±1 labels): a prediction ``p`` means +1 when ``p > 0``, −1 when ``p < 0``, and no label
+  at all when ``p == 0``: an exact 0 is counted as wrong, as Garg et al. do (``sign(0) = 0``), so a
+  predictor that has nothing to go on does not score 50 % by always answering 0;
 * categorical: ``(B, N, C)`` logits mean ``argmax``; a ``(B, N)`` prediction (an estimator
   regressing the class ids) means the nearest integer class id.
 
@@ -28,13 +33,14 @@ Example::
     >>> from hf_icl.data.tasks import get_task
     >>> metric = metric_for_task(get_task("sparse_linear_regression", n_dims=8, sparsity=2))
     >>> metric.name, metric.normalizer
-    ('normalized_squared_error', 2.0)
+    ('squared_error/s', 2.0)
     >>> metric.per_prompt(torch.ones(1, 3), torch.zeros(1, 3))
     tensor([[0.5000, 0.5000, 0.5000]], dtype=torch.float64)
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -47,7 +53,7 @@ from ..data.tasks import (
     TaskFamily,
 )
 
-SQUARED_ERROR = "normalized_squared_error"
+SQUARED_ERROR = "squared_error"
 ACCURACY = "accuracy"
 #: Families whose targets keep unit scale whatever the input dimension.
 UNIT_SCALE_FAMILIES = (DecisionTree, Sinusoid, LatentGroupSinusoid)
@@ -68,12 +74,12 @@ def predicted_labels(preds: torch.Tensor, target_kind: str) -> torch.Tensor:
     """The labels a prediction stands for (see the module docstring for the rule).
 
     >>> predicted_labels(torch.tensor([[-0.3, 0.0, 2.0]]), "binary")
-    tensor([[-1.,  1.,  1.]])
+    tensor([[-1.,  0.,  1.]])
     >>> predicted_labels(torch.tensor([[[0.1, 0.9], [2.0, -1.0]]]), "categorical")
     tensor([[1, 0]])
     """
     if target_kind == "binary":
-        return torch.where(preds >= 0, 1.0, -1.0)
+        return torch.sign(preds).float()  # 0 stays 0: no label, never equal to a ±1 target
     if target_kind == "categorical":
         return preds.argmax(dim=-1) if preds.ndim == 3 else preds.round().long()
     raise ValueError(f"target_kind must be 'binary' or 'categorical' to have labels, got {target_kind!r}")
@@ -89,11 +95,16 @@ def correct(preds: torch.Tensor, ys: torch.Tensor, target_kind: str) -> torch.Te
 
 def normalizer_for(task: TaskFamily) -> float:
     """The squared-error normaliser of ``task``: s (sparse), 1 (unit-scale targets) or d."""
+    return _normalizer(task)[0]
+
+
+def _normalizer(task: TaskFamily) -> tuple[float, str]:
+    """``(value, symbol)`` of the squared-error normaliser of ``task``."""
     if isinstance(task, SparseLinearRegression):
-        return float(task.sparsity)
+        return float(task.sparsity), "s"
     if isinstance(task, UNIT_SCALE_FAMILIES):
-        return 1.0
-    return float(task.n_dims)
+        return 1.0, "1"
+    return float(task.n_dims), "d"
 
 
 @dataclass(frozen=True)
@@ -104,15 +115,30 @@ class PositionMetric:
         target_kind: "regression", "binary" or "categorical" (the task's).
         normalizer: divides squared errors (regression only).
         n_classes: number of classes (categorical only), for the chance rate 1/C.
+        normalizer_symbol: how names and labels write the normaliser ("d", "s", ...); its value by default.
     """
 
     target_kind: str
     normalizer: float = 1.0
     n_classes: int | None = None
+    normalizer_symbol: str | None = None
 
     @property
     def name(self) -> str:
-        return SQUARED_ERROR if self.target_kind == "regression" else ACCURACY
+        """``squared_error/<normaliser>`` or ``accuracy``: the name every report uses."""
+        if self.target_kind == "regression":
+            return f"{SQUARED_ERROR}/{self.normalizer_label}"
+        return ACCURACY
+
+    def summary_name(self, where: str) -> str:
+        """Name of one summary of the curve, e.g. ``error_last/d`` or ``accuracy_mean``."""
+        if self.target_kind == "regression":
+            return f"error_{where}/{self.normalizer_label}"
+        return f"accuracy_{where}"
+
+    @property
+    def normalizer_label(self) -> str:
+        return self.normalizer_symbol or f"{self.normalizer:g}"
 
     @property
     def higher_is_better(self) -> bool:
@@ -121,7 +147,9 @@ class PositionMetric:
     @property
     def axis_label(self) -> str:
         if self.target_kind == "regression":
-            return f"squared error / {self.normalizer:g}"
+            shown = self.normalizer_label
+            value = "" if shown == f"{self.normalizer:g}" else f" (= {self.normalizer:g})"
+            return f"squared error / {shown}{value}"
         return "accuracy"
 
     def expected_output_shapes(self, batch: int, n_points: int) -> list[tuple[int, ...]]:
@@ -151,10 +179,12 @@ def metric_for_task(task: TaskFamily, normalizer: float | None = None) -> Positi
     """The metric of ``task``'s target kind; ``normalizer`` overrides :func:`normalizer_for`."""
     kind = task.target_kind
     if kind == "regression":
-        value = normalizer_for(task) if normalizer is None else float(normalizer)
-        if not value > 0:
-            raise ValueError(f"normalizer must be a positive number, got {normalizer!r}")
-        return PositionMetric(kind, normalizer=value)
+        if normalizer is None:
+            value, symbol = _normalizer(task)
+            return PositionMetric(kind, normalizer=value, normalizer_symbol=symbol)
+        if isinstance(normalizer, bool) or not isinstance(normalizer, (int, float)) or not 0 < normalizer < math.inf:
+            raise ValueError(f"normalizer must be a finite positive number, got {normalizer!r}")
+        return PositionMetric(kind, normalizer=float(normalizer))
     if normalizer is not None:
         raise ValueError(f"normalizer only applies to regression tasks; {task.name} is scored by accuracy")
     return PositionMetric(kind, n_classes=getattr(task, "n_classes", None))

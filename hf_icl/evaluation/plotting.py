@@ -45,6 +45,33 @@ def draw_band_curve(ax, x: torch.Tensor, value: torch.Tensor, lower: torch.Tenso
     return line
 
 
+def band_label(confidence: tuple[float, float]) -> str:
+    """How a legend names the shaded bands, e.g. ``"5–95% bootstrap band"``.
+
+    >>> band_label((0.05, 0.95))
+    '5–95% bootstrap band'
+    """
+    low, high = (100 * q for q in confidence)
+    return f"{low:g}–{high:g}% bootstrap band"
+
+
+def finish_axes(ax, metric, *, log_y: bool | None, confidence: tuple[float, float], **legend_kw) -> None:
+    """Label the y axis with ``metric``, pick its scale and add a legend that names the bands.
+
+    ``log_y=None`` chooses by metric: a log axis for errors (least squares' interpolation peak at
+    n = d would flatten every other curve), a linear one for accuracy.
+    """
+    from matplotlib.patches import Patch
+
+    ax.set_ylabel(metric.axis_label)
+    if metric.target_kind == "regression" if log_y is None else log_y:
+        ax.set_yscale("log")
+    handles, labels = ax.get_legend_handles_labels()
+    handles.append(Patch(facecolor="0.5", alpha=0.2, linewidth=0))
+    labels.append(band_label(confidence))
+    ax.legend(handles, labels, **legend_kw)
+
+
 def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     """Write ``fig`` to ``path`` (parent folders created) and return the path."""
     path = Path(path)

@@ -37,7 +37,7 @@ import torch
 from ..data.tasks import TaskFamily, make_task
 from ..validation import check_int
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
-from .plotting import BASELINE_STYLES, draw_band_curve, new_axes, save_figure
+from .plotting import BASELINE_STYLES, draw_band_curve, finish_axes, new_axes, save_figure
 from .predictors import Predictor, resolve_n_points
 from .tables import markdown_grid, rows_to_dataframe
 
@@ -115,9 +115,10 @@ class TaskScalingResult:
             lambda label, column: self.context_scaling.cell(self.curve_name(label), columns[column]),
         )
 
-    def plot(self, path: str | Path, *, log_y: bool = False, title: str | None = None) -> Path:
+    def plot(self, path: str | Path, *, log_y: bool | None = None, title: str | None = None) -> Path:
         """Write score against T (log x axis) to a PNG: one line with band per position, each
-        baseline as a horizontal line in that position's colour; returns ``path``."""
+        baseline as a horizontal line in that position's colour; returns ``path``. ``log_y``
+        defaults to a log axis for errors and a linear one for accuracy."""
         cs = self.context_scaling
         fig, ax = new_axes(title or f"{cs.task_name}: fresh tasks ({cs.n_prompts} prompts)")
         x = torch.tensor(self.pool_sizes, dtype=torch.float64)
@@ -134,10 +135,7 @@ class TaskScalingResult:
                 )
         ax.set_xscale("log")
         ax.set_xlabel("number of pretraining tasks T")
-        ax.set_ylabel(cs.metric.axis_label)
-        if log_y:
-            ax.set_yscale("log")
-        ax.legend(fontsize="small")
+        finish_axes(ax, cs.metric, log_y=log_y, confidence=cs.confidence, fontsize="small")
         return save_figure(fig, path)
 
 

@@ -23,7 +23,8 @@ from transformers import get_scheduler
 from ..data.tasks import TaskFamily, make_task
 from ..evaluation import ContextScalingResult, evaluate_context_scaling
 from ..evaluation.baselines import default_baselines
-from ..evaluation.compare import error_by_position
+from ..evaluation.metrics import metric_for_task
+from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..modeling import build_model
 from .arguments import ICLTrainingArguments
 from .checkpoints import TrainingProgress, latest_checkpoint, save_checkpoint
@@ -170,8 +171,7 @@ class ICLTrainer:
             model.save_pretrained(self.output_dir)
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
             scaling = self.context_scaling()
-            # log scale for errors: least squares' interpolation peak at n = d flattens other curves
-            scaling.plot(self.output_dir / PLOT_FILE, log_y=scaling.metric.name != "accuracy")
+            scaling.plot(self.output_dir / PLOT_FILE)
             table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
             write_model_card(self.output_dir, args.to_dict(), final_metrics, plot_file=PLOT_FILE, results_table=table)
         accelerator.wait_for_everyone()
@@ -205,27 +205,21 @@ class ICLTrainer:
         self.optimizer.zero_grad(set_to_none=True)
         return mean_loss
 
-    @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Loss and per-position error on the fixed evaluation set (main metrics of the run)."""
+        """Loss and the per-position metric on the fixed evaluation set, scored in full precision
+        by the same :func:`~hf_icl.evaluation.metric_for_task` as ``evaluate_context_scaling``
+        and the model card, so the three report the same numbers."""
         xs, ys = (t.to(self.accelerator.device) for t in self.eval_set())
-        model = self.accelerator.unwrap_model(self.model)
-        was_training = model.training
-        model.eval()
-        with self.accelerator.autocast():
+        metric = metric_for_task(self.task)
+        with evaluation_mode(self.accelerator.unwrap_model(self.model)) as model:
             out = model(xs, ys)
-        model.train(was_training)
-        metrics = {"eval/loss": out.loss.item(), "step": self.progress.step}
-        if self.task.target_kind == "regression":
-            errors = error_by_position(out.predictions.float(), ys, float(self.args.n_dims))
-            metrics["eval/error_last"] = errors[-1].item()
-            metrics["eval/error_mean"] = errors.mean().item()
-        else:
-            predicted = (
-                out.logits.argmax(-1) if out.logits is not None else torch.where(out.predictions >= 0, 1.0, -1.0)
-            )
-            metrics["eval/accuracy_last"] = (predicted[:, -1] == ys[:, -1]).float().mean().item()
-        return metrics
+        curve = metric.per_prompt(output_tensor(out, metric.target_kind, self.args.model_type), ys).mean(dim=0)
+        return {
+            "eval/loss": out.loss.item(),
+            f"eval/{metric.summary_name('last')}": curve[-1].item(),
+            f"eval/{metric.summary_name('mean')}": curve.mean().item(),
+            "step": self.progress.step,
+        }
 
     def context_scaling(self) -> ContextScalingResult:
         """The model against the task's default baselines at every context length, on the
