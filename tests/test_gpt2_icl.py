@@ -164,3 +164,26 @@ def test_bad_prompts_and_presets():
         GPT2ICLConfig.from_preset("tiny", n_embd=32)
     with pytest.raises(ValueError, match="model_type"):
         build_model("gpt5", "tiny")
+
+
+def test_garg_io_init_is_pytorchs_default_linear_init_and_survives_reload(tmp_path):
+    torch.manual_seed(0)
+    config = GPT2ICLConfig.from_preset("tiny", n_dims=5, n_points=8, io_init="garg")
+    model = GPT2ForInContextRegression(config)
+    for layer in (model.model.read_in, model.head.read_out):
+        bound = 1 / layer.in_features**0.5  # kaiming_uniform(a=√5) on a fan_in-wide layer
+        for tensor in (layer.weight, layer.bias):
+            assert tensor.abs().max() <= bound and tensor.abs().min() > 0
+            if tensor.numel() >= 64:  # U(±bound) fills its range; its variance is bound²/3 (within 40 %)
+                assert tensor.abs().max() > 0.9 * bound
+                assert abs(tensor.var().item() / (bound**2 / 3) - 1) < 0.4
+    # every other layer keeps GPT-2's N(0, 0.02)
+    assert abs(model.model.backbone.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
+    gpt2 = GPT2ForInContextRegression(GPT2ICLConfig.from_preset("tiny", n_dims=5, n_points=8))
+    assert abs(gpt2.model.read_in.weight.std().item() - 0.02) < 0.003 and not gpt2.model.read_in.bias.any()
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModel.from_pretrained(tmp_path)
+    assert reloaded.config.io_init == "garg"
+    assert torch.equal(reloaded.model.read_in.weight, model.model.read_in.weight)
+    with pytest.raises(ValueError, match="io_init"):
+        GPT2ICLConfig(io_init="xavier")

@@ -7,6 +7,8 @@ from transformers import GPT2Config
 from ...validation import check_choice, check_float, check_int
 from ..prompts import PROMPT_FORMATS, TARGET_KINDS
 
+#: initialisations of the read-in and read-out layers (see ``GPT2ICLConfig.io_init``)
+IO_INITS = ("gpt2", "garg")
 #: name -> (n_embd, n_layer, n_head)
 SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
 
@@ -25,6 +27,9 @@ class GPT2ICLConfig(GPT2Config):
         n_classes: classes of a categorical task.
         prompt_format: ``"interleaved"`` (x and y tokens, Garg et al.) or ``"concatenated"``
             (``[x, y]`` tokens each preceded by its ``[x, 0]`` query).
+        io_init: initialisation of ``read_in`` and the head's ``read_out``: ``"gpt2"`` (N(0, 0.02),
+            zero bias, like every GPT-2 linear layer) or ``"garg"`` (PyTorch's default ``nn.Linear``
+            init, U(±1/√fan_in) for weight and bias, as in Garg et al.'s code).
 
     Dropout defaults to 0 and the unused token vocabulary to a single row.
     ``GPT2ICLConfig.from_preset("tiny" | "small" | "standard", ...)`` sets width, depth and heads.
@@ -37,6 +42,7 @@ class GPT2ICLConfig(GPT2Config):
     target_kind: str = "regression"
     n_classes: int = 2
     prompt_format: str = "interleaved"
+    io_init: str = "gpt2"
     # GPT-2 defaults changed for ICL: Garg et al.'s standard size, no dropout, no vocabulary.
     vocab_size: int = 1
     n_embd: int = 256
@@ -56,6 +62,7 @@ class GPT2ICLConfig(GPT2Config):
         check_choice("target_kind", self.target_kind, TARGET_KINDS)
         check_int("n_classes", self.n_classes, low=2)
         check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
+        check_choice("io_init", self.io_init, IO_INITS)
         for name in ("n_embd", "n_layer", "n_head"):
             check_int(name, getattr(self, name), low=1)
         if self.n_embd % self.n_head:

@@ -7,9 +7,12 @@ inside it unchanged.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 from transformers import GPT2Model
+from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutput
 from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
@@ -26,6 +29,15 @@ class GPT2ICLPreTrainedModel(BitExactLoadingMixin, GPT2PreTrainedModel):
     base_model_prefix = "model"
     main_input_name = "xs"
 
+    def _init_weights(self, module):
+        super()._init_weights(module)
+        if self.config.io_init == "garg" and getattr(module, "is_icl_io_layer", False):
+            # PyTorch's own nn.Linear init (kaiming-uniform with a=√5 is U(±1/√fan_in)), as Garg et al.'s
+            # read-in/read-out get it; the GPT-2 scheme above gives them N(0, 0.02).
+            bound = 1 / math.sqrt(module.in_features)
+            init.uniform_(module.weight, -bound, bound)
+            init.uniform_(module.bias, -bound, bound)
+
 
 class GPT2ICLModel(GPT2ICLPreTrainedModel):
     """Prompt → tokens → read-in → GPT-2; returns the hidden state of every token ``(B, 2N, H)``."""
@@ -34,6 +46,7 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
         super().__init__(config)
         self.prompt = PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
         self.read_in = nn.Linear(self.prompt.token_width, config.n_embd)
+        self.read_in.is_icl_io_layer = True
         self.backbone = GPT2Model(config)
         # Prompts enter through read_in; the token table is never used, and a trainable unused
         # parameter would stall DistributedDataParallel's gradient reduction.
@@ -83,6 +96,7 @@ class GPT2ForInContextRegression(GPT2ICLPreTrainedModel):
         super().__init__(config)
         self.model = GPT2ICLModel(config)
         self.head = ICLHead(config.n_embd, config.target_kind, config.n_classes)
+        self.head.read_out.is_icl_io_layer = True
         self.post_init()
 
     def forward(
