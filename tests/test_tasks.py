@@ -306,7 +306,8 @@ def test_property_random_shapes(key, batch, points, dims, seed, data):
         kwargs["group_size"] = data.draw(st.integers(1, dims), label="group_size")
     family = get_task(name, **kwargs)
     d = family.n_dims
-    k = data.draw(st.integers(1, d), label="n_dims_truncated")
+    fewest = kwargs.get("sparsity", kwargs.get("group_size", 1))  # subsets are drawn among active dims
+    k = data.draw(st.integers(fewest, d), label="n_dims_truncated")
     xs, ys, params = family.sample(batch, points, seed=seed, n_dims_truncated=k, return_params=True)
     assert xs.shape == (batch, points, d) and xs.dtype == torch.float32
     assert ys.shape == (batch, points)
@@ -315,9 +316,9 @@ def test_property_random_shapes(key, batch, points, dims, seed, data):
     assert (xs[..., k:] == 0).all()
     np.testing.assert_allclose(to_np(params["signal"]), naive_signal(family, xs, params), rtol=1e-4, atol=1e-4)
     if name == "sparse_linear_regression":
-        assert ((params["w"] != 0).sum(-1) == kwargs["sparsity"]).all()
+        assert ((params["w"][:, :k] != 0).sum(-1) == kwargs["sparsity"]).all() and not params["w"][:, k:].any()
     if name == "latent_group_sinusoid":
-        assert (params["group"].sum(-1) == kwargs["group_size"]).all()
+        assert (params["group"][:, :k].sum(-1) == kwargs["group_size"]).all() and not params["group"][:, k:].any()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +451,48 @@ def test_sparse_linear_regression_support():
     kept = w[nonzero].double()
     n = kept.numel()
     assert abs(kept.var().item() - 1 / d) <= 5 * (1 / d) * math.sqrt(2 / n)
+
+
+@pytest.mark.parametrize("n_tasks", [None, 16])
+def test_sparse_support_lies_in_the_active_coordinates_at_every_curriculum_stage(n_tasks):
+    # Garg et al.'s curriculum (5 of 20 dims active at first): drawn among all 20 coordinates, the
+    # support missed every active one in C(15,3)/C(20,3) ≈ 40 % of prompts, whose y were then ≡ 0.
+    family = get_task("sparse_linear_regression", n_dims=20, sparsity=3, n_tasks=n_tasks)
+    for active in range(3, 21):
+        xs, ys, params = family.sample(500, 11, seed=active, n_dims_truncated=active, return_params=True)
+        effective = params["w"][:, :active] != 0
+        assert (effective.sum(-1) == 3).all() and not params["w"][:, active:].any()
+        assert (ys.abs().amax(-1) > 0).all()  # no prompt is all zeros
+        torch.testing.assert_close(ys, torch.einsum("bnd,bd->bn", xs, params["w"]))
+    # every support among the active coordinates stays equally likely (5 active: C(5, 3) = 10 supports)
+    w = get_task("sparse_linear_regression", n_dims=20, sparsity=3).sample(
+        20000, 1, seed=1, n_dims_truncated=5, return_params=True
+    )[2]["w"]
+    index = {s: i for i, s in enumerate(combinations(range(5), 3))}
+    counts = np.zeros(len(index))
+    for row in (w[:, :5] != 0).numpy():
+        counts[index[tuple(np.flatnonzero(row))]] += 1
+    assert stats.chisquare(counts).pvalue > 1e-4
+    with pytest.raises(ValueError, match="sparsity needs at least 3 active input dimensions, got n_dims_truncated=2"):
+        family.sample(4, 5, seed=0, n_dims_truncated=2)
+
+
+def test_batch_renormalization_is_gargs_rule():
+    # Garg et al.: ys_noisy * sqrt(d) / ys_noisy.std(), the std taken over the whole batch
+    common = dict(n_dims=6, noise_std=0.7)
+    plain = get_task("noisy_linear_regression", **common)
+    batch = get_task("noisy_linear_regression", renormalize_ys="batch", **common)
+    xs, ys_plain, p_plain = plain.sample(50, 9, seed=3, return_params=True)
+    xs2, ys_batch, p_batch = batch.sample(50, 9, seed=3, return_params=True)
+    assert torch.equal(xs, xs2)
+    expected = ys_plain.double() * math.sqrt(6) / ys_plain.double().std()
+    torch.testing.assert_close(ys_batch.double(), expected, rtol=1e-5, atol=1e-5)
+    assert abs(ys_batch.double().std().item() - math.sqrt(6)) < 1e-4
+    factor = (ys_batch / ys_plain).mean()
+    torch.testing.assert_close(p_batch["signal"], factor * p_plain["signal"], rtol=1e-5, atol=1e-5)
+    assert get_task("noisy_linear_regression", renormalize_ys="fixed", **common).renormalization < 1
+    with pytest.raises(ValueError, match="renormalize_ys must be one of"):
+        get_task("noisy_linear_regression", renormalize_ys="per_prompt", **common)
 
 
 def test_linear_classification_signs():
@@ -690,11 +733,18 @@ def test_n_dims_truncated(key):
     xs, ys, params = family.sample(6, 10, seed=18, n_dims_truncated=k, return_params=True)
     assert (xs[..., k:] == 0).all()
     assert (xs[..., :k] != 0).all()
-    # Truncation only zeroes coordinates: the random stream and the kept coordinates are unchanged.
-    assert torch.equal(xs[..., :k], xs_full[..., :k])
+    # Truncation only zeroes coordinates: the random stream and the kept coordinates are unchanged
+    # (but for the latent group, whose copies now sit among the active features).
+    if family.name != "latent_group_sinusoid":
+        assert torch.equal(xs[..., :k], xs_full[..., :k])
     for name in p_full:
-        if name != "signal":
+        if name not in ("signal", "w", "group"):
             assert torch.equal(params[name], p_full[name]), name
+    # Coordinate subsets (sparse support, feature group) are drawn among the active coordinates only.
+    for name, size in (("w", getattr(family, "sparsity", None)), ("group", getattr(family, "group_size", None))):
+        if size is not None and name in params:
+            chosen = params[name] != 0
+            assert (chosen.sum(-1) == size).all() and not chosen[:, k:].any(), name
     # Targets are computed from the truncated inputs.
     np.testing.assert_allclose(to_np(params["signal"]), naive_signal(family, xs, params), rtol=1e-4, atol=1e-5)
     # n_dims_truncated = n_dims is a no-op.

@@ -6,6 +6,9 @@ the batch; a seed therefore fixes every number. Sampling happens in three stages
 this order, so the random stream is well defined:
 
 1. task parameters (fresh per prompt, or indices into a fixed pool of ``n_tasks`` tasks),
+   then fitted to the active coordinates (families that pick coordinates, such as sparse
+   regression's support, pick them among the first ``n_dims_truncated`` only, as Garg et al.'s
+   ``valid_coords`` does),
 2. inputs (from the family's input distribution; ``n_dims_truncated`` zeroes the trailing
    coordinates, Garg et al.'s curriculum),
 3. targets: a noiseless ``signal`` (regression value or class logits) and its noisy ``observe``-d
@@ -38,6 +41,8 @@ from ..validation import check_choice, check_float, check_int, check_range
 from .inputs import InputDistribution, UniformInputs, make_inputs
 
 TASK_REGISTRY: dict[str, type[TaskFamily]] = {}
+#: ``NoisyLinearRegression.renormalize_ys``: off, a fixed factor (True is "fixed"), or per batch
+RENORMALIZATIONS = (False, True, "fixed", "batch")
 Params = dict[str, torch.Tensor]
 
 
@@ -125,6 +130,11 @@ class TaskFamily(ABC):
     def sample_task_params(self, batch_size: int, generator, device) -> Params:
         """Draw ``batch_size`` independent tasks; every tensor's leading dim is the batch."""
 
+    def restrict_to_active_dims(self, params: Params, active_dims: int) -> Params:
+        """Fit drawn task parameters to the first ``active_dims`` coordinates, the only ones that carry
+        input under the dimension curriculum; most families need nothing (the default)."""
+        return params
+
     def sample_inputs(self, batch_size: int, n_points: int, params: Params, generator, device):
         """Draw ``xs``; families whose inputs depend on the task override this."""
         return self.inputs.sample(batch_size, n_points, self.n_dims, generator, device)
@@ -183,6 +193,7 @@ class TaskFamily(ABC):
         generator, device = resolve_generator(generator, seed, device)
 
         params = self.draw_tasks(batch_size, generator, device)
+        params = self.restrict_to_active_dims(params, self.n_dims if n_dims_truncated is None else n_dims_truncated)
         xs = self.sample_inputs(batch_size, n_points, params, generator, device)
         if n_dims_truncated is not None and n_dims_truncated < self.n_dims:
             xs[..., n_dims_truncated:] = 0
@@ -224,6 +235,19 @@ def iterate_prompts(
         yield family.sample(size, n_points, generator=generator, n_dims_truncated=n_dims_truncated, return_params=True)
 
 
+def random_subset(scores: torch.Tensor, size: int, active_dims: int, owner: str) -> torch.Tensor:
+    """``(B, d)`` bool masks of ``size`` coordinates among the first ``active_dims``: those with the
+    highest ``scores`` (i.i.d. uniform per task, so every subset is equally likely). Scores are
+    task parameters, so a pooled task keeps its subset at every curriculum stage it fits in."""
+    if size > active_dims:
+        raise ValueError(
+            f"{owner} needs at least {size} active input dimensions, got n_dims_truncated={active_dims}; "
+            f"start the dimension curriculum at >= {size}"
+        )
+    members = scores[:, :active_dims].topk(size, dim=-1).indices
+    return torch.zeros_like(scores, dtype=torch.bool).scatter_(1, members, True)
+
+
 # ---------------------------------------------------------------------------------------------
 # Linear families
 # ---------------------------------------------------------------------------------------------
@@ -261,16 +285,22 @@ class NoisyLinearRegression(LinearRegression):
 
     ``noise_std`` is one σ, or a list of σ's of which each task draws one with
     ``noise_probs`` (uniform by default): the multi-noise-level task of Bai et al. used in
-    the SGPT study. ``renormalize_ys`` rescales y so that E[y²] equals the noiseless signal's
-    E[(scale·wᵀx)²], keeping losses comparable with the noiseless family.
+    the SGPT study. ``renormalize_ys`` rescales y so that its scale equals the noiseless signal's,
+    S = E[(scale·wᵀx)²] (d for Garg et al.'s w ~ N(0, I), x ~ N(0, I)), keeping losses comparable
+    with the noiseless family:
+
+    * ``True`` or ``"fixed"``: by the constant √(S / (S + E σ²)), so E[y²] = S for every batch;
+    * ``"batch"``: Garg et al.'s rule, by √S / std(y of the whole batch) — the factor depends on
+      the other prompts of the batch (and is random), but matches their code number for number.
     """
 
     noise_std: float | tuple[float, ...] = 0.5
     noise_probs: tuple[float, ...] | None = None
-    renormalize_ys: bool = False
+    renormalize_ys: bool | str = False
 
     def validate(self):
         super().validate()
+        check_choice("renormalize_ys", self.renormalize_ys, RENORMALIZATIONS)
         if isinstance(self.noise_std, (list, tuple)):  # lists from JSON/YAML compare equal to tuples
             self.noise_std = tuple(self.noise_std)
         if self.noise_probs is not None:
@@ -301,13 +331,17 @@ class NoisyLinearRegression(LinearRegression):
         return torch.tensor(self.noise_probs, dtype=torch.float32)
 
     @property
+    def signal_variance(self) -> float:
+        """S = E[(scale·wᵀx)²] = scale² τ² E‖x‖², the noiseless signal's second moment."""
+        return self.scale**2 * self.weight_var * self.inputs.mean_square_norm(self.n_dims)
+
+    @property
     def renormalization(self) -> float:
-        """Factor multiplying y (1 unless ``renormalize_ys``)."""
-        if not self.renormalize_ys:
+        """The fixed factor multiplying y (1 unless ``renormalize_ys`` is True or ``"fixed"``)."""
+        if self.renormalize_ys not in (True, "fixed"):
             return 1.0
-        signal_var = self.scale**2 * self.weight_var * self.inputs.mean_square_norm(self.n_dims)
         noise_var = float((self.noise_weights * self.noise_levels**2).sum())
-        return math.sqrt(signal_var / (signal_var + noise_var))
+        return math.sqrt(self.signal_variance / (self.signal_variance + noise_var))
 
     def sample_task_params(self, batch_size, generator, device):
         params = super().sample_task_params(batch_size, generator, device)
@@ -324,13 +358,22 @@ class NoisyLinearRegression(LinearRegression):
 
     def observe(self, signal, params, generator):
         noise = torch.randn(signal.shape, generator=generator, device=signal.device)
-        return signal + self.renormalization * params["noise_std"][:, None] * noise
+        ys = signal + self.renormalization * params["noise_std"][:, None] * noise
+        if self.renormalize_ys == "batch":  # Garg et al.: ys * √d / ys.std() over the whole batch
+            factor = math.sqrt(self.signal_variance) / ys.std()
+            params["signal"] = signal * factor  # the signal keeps its relation to ys
+            ys = ys * factor
+        return ys
 
 
 @register_task("sparse_linear_regression")
 @dataclass(kw_only=True)
 class SparseLinearRegression(LinearRegression):
-    """Linear regression whose weights keep ``sparsity`` random coordinates (the rest are 0)."""
+    """Linear regression whose weights keep ``sparsity`` random coordinates (the rest are 0).
+
+    Under the dimension curriculum the support is drawn among the active coordinates (Garg et
+    al.'s ``valid_coords``), so every prompt has exactly ``sparsity`` weights that act on inputs.
+    """
 
     sparsity: int = 3
 
@@ -340,10 +383,12 @@ class SparseLinearRegression(LinearRegression):
 
     def sample_task_params(self, batch_size, generator, device):
         w = super().sample_task_params(batch_size, generator, device)["w"]
-        support = torch.rand(batch_size, self.n_dims, generator=generator, device=device)
-        support = support.topk(self.sparsity, dim=-1).indices
-        mask = torch.zeros_like(w, dtype=torch.bool).scatter_(1, support, True)
-        return {"w": w * mask}
+        scores = torch.rand(batch_size, self.n_dims, generator=generator, device=device)
+        return {"dense_w": w, "support_scores": scores}
+
+    def restrict_to_active_dims(self, params, active_dims):
+        support = random_subset(params["support_scores"], self.sparsity, active_dims, f"{self.name}'s sparsity")
+        return {**params, "w": params["dense_w"] * support}
 
 
 @register_task("linear_classification")
@@ -478,7 +523,8 @@ class Sinusoid(_SinusoidParams):
 @dataclass(kw_only=True)
 class LatentGroupSinusoid(_SinusoidParams):
     """``group_size`` of ``n_dims`` features are noisy copies of a latent z ~ N(0, 1); the rest
-    are N(0, distractor_std²) distractors; y = a·sin(bz + φ) + noise. The group is a task parameter.
+    are N(0, distractor_std²) distractors; y = a·sin(bz + φ) + noise. The group is a task parameter,
+    drawn among the active features under the dimension curriculum.
 
     The inputs are part of the task, so ``inputs`` must stay ``None``.
     """
@@ -500,11 +546,12 @@ class LatentGroupSinusoid(_SinusoidParams):
 
     def sample_task_params(self, batch_size, generator, device):
         params = super().sample_task_params(batch_size, generator, device)
-        scores = torch.rand(batch_size, self.n_dims, generator=generator, device=device)
-        members = scores.topk(self.group_size, dim=-1).indices
-        params["group"] = torch.zeros(batch_size, self.n_dims, dtype=torch.bool, device=device)
-        params["group"].scatter_(1, members, True)
+        params["group_scores"] = torch.rand(batch_size, self.n_dims, generator=generator, device=device)
         return params
+
+    def restrict_to_active_dims(self, params, active_dims):
+        group = random_subset(params["group_scores"], self.group_size, active_dims, f"{self.name}'s group_size")
+        return {**params, "group": group}
 
     def sample_inputs(self, batch_size, n_points, params, generator, device):
         shape = (batch_size, n_points, self.n_dims)
