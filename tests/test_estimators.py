@@ -365,6 +365,46 @@ def test_lasso_matches_sklearn(tol, max_iter, n_dims):
     assert_close(Lasso(alpha, max_iter=max_iter, tol=tol)(xs, ys), expected, rtol=1e-3, atol=1e-3)
 
 
+def test_lasso_warns_about_exactly_the_fits_sklearn_calls_unconverged():
+    from sklearn.exceptions import ConvergenceWarning
+    from sklearn.linear_model import Lasso as SkLasso
+
+    from hf_icl.estimators.lasso import LassoConvergenceWarning
+
+    xs, ys = linear_prompts(3, 12, 8, noise_std=0.3, seed=21)
+    unconverged = 0
+    for b in range(3):
+        for i in range(1, 12):
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                SkLasso(alpha=0.001, fit_intercept=False, max_iter=3).fit(xs[b, :i].numpy(), ys[b, :i].numpy())
+            unconverged += any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    assert unconverged > 0
+    with pytest.warns(
+        LassoConvergenceWarning, match=f"{unconverged} of 36 prefix fits did not converge within max_iter=3"
+    ):
+        Lasso(alpha=0.001, max_iter=3)(xs, ys)
+
+
+def test_lasso_default_is_gargs_max_iter_and_converges_on_sparse_prompts():
+    from sklearn.linear_model import Lasso as SkLasso
+
+    from hf_icl.data.tasks import get_task
+
+    assert Lasso().max_iter == 100_000
+    xs, ys = get_task("sparse_linear_regression", n_dims=20, sparsity=3).sample(2, 41, seed=4)
+    xs, ys = xs.double(), ys.double()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no fit may stop unconverged
+        ours = Lasso(alpha=0.01)(xs, ys)
+
+    def sklearn_one(x, y, query):
+        model = SkLasso(alpha=0.01, fit_intercept=False, max_iter=100_000)
+        return model.fit(x.numpy(), y.numpy()).predict(query.numpy()[None])[0]
+
+    assert_close(ours, per_prefix(sklearn_one, xs, ys), rtol=1e-3, atol=1e-3)
+
+
 def test_lasso_selects_sparse_weights_when_determined():
     gen = torch.Generator().manual_seed(18)
     xs = torch.randn(4, 40, 6, generator=gen, dtype=F64)
