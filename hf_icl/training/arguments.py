@@ -12,6 +12,22 @@ from ..validation import check_choice, check_float, check_int
 MIXED_PRECISION = ("no", "fp16", "bf16")
 TRACKERS = ("tensorboard", "wandb", "none")
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+#: arguments a resumed run may change (the others must equal the checkpoint's): the length of the run,
+#: logging/evaluation/checkpoint cadence, where and how results go, and the two recovery knobs
+RESUMABLE_CHANGES = (
+    "train_steps",
+    "logging_every",
+    "eval_every",
+    "save_every",
+    "save_total_limit",
+    "report_to",
+    "progress_bar",
+    "output_dir",
+    "resume_from_checkpoint",
+    "overwrite_output_dir",
+    "learning_rate",
+    "max_grad_norm",
+)
 
 
 @dataclass
@@ -67,6 +83,13 @@ class ICLTrainingArguments:
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "checkpoint dir to resume from, or 'latest'"}
     )
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "start afresh in an output_dir that holds another run (its files are removed first)"},
+    )
+    save_total_limit: int | None = field(
+        default=None, metadata={"help": "keep only the newest N checkpoints (None: keep all)"}
+    )
     report_to: str = field(default="tensorboard", metadata={"help": "tensorboard, wandb or none"})
     progress_bar: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
 
@@ -97,6 +120,22 @@ class ICLTrainingArguments:
         check_choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
         check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
         check_choice("report_to", self.report_to, TRACKERS)
+        if self.save_total_limit is not None:
+            check_int("save_total_limit", self.save_total_limit, low=1)
+        if not isinstance(self.overwrite_output_dir, bool):
+            raise ValueError(f"overwrite_output_dir must be True or False, got {self.overwrite_output_dir!r}")
+        if self.resume_from_checkpoint is not None and not (
+            isinstance(self.resume_from_checkpoint, str) and self.resume_from_checkpoint.strip()
+        ):
+            raise ValueError(
+                "resume_from_checkpoint must be a checkpoint directory or 'latest', "
+                f"got {self.resume_from_checkpoint!r}"
+            )
+        if self.overwrite_output_dir and self.resume_from_checkpoint == "latest":
+            raise ValueError(
+                "overwrite_output_dir=True with resume_from_checkpoint='latest': overwriting would delete the "
+                "checkpoints to resume from; pass one of the two"
+            )
         self.task_kwargs()
         self.model_kwargs()
 

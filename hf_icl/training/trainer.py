@@ -8,15 +8,17 @@ save. Launch on one device with ``python`` / ``hf-icl train``, on many with ``ac
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
+import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate import Accelerator, PartialState
+from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -26,18 +28,37 @@ from ..evaluation.baselines import default_baselines
 from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..modeling import build_model
-from .arguments import ICLTrainingArguments
-from .checkpoints import TrainingProgress, latest_checkpoint, save_checkpoint
+from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments
+from .checkpoints import (
+    REQUIRED_FILES,
+    SCALER,
+    TrainingProgress,
+    capture_rng_state,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng_state,
+    rng_state_name,
+    save_checkpoint,
+)
 from .curriculum import Curriculum
+from .manifest import CheckpointError, verify_checkpoint
 from .model_card import write_model_card
+from .run_lock import OutputDirError, RunLock, existing_run, remove_run
 
 TRAINING_ARGS_FILE = "training_args.json"  # lets `hf-icl evaluate` rebuild the training task
 PLOT_FILE = "context_scaling.png"
 EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
 
 
+#: packages that provide each tracker of ``report_to`` (any one of them will do)
+TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
+#: sharded setups: their weights and optimizer state are split across processes, which our checkpoints do not gather
+UNSUPPORTED_DISTRIBUTED = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
+
+
 class TrainingDivergedError(RuntimeError):
-    """The loss became NaN or infinite; checkpoints written before stay intact."""
+    """The loss, the gradient norm or the parameters became NaN or infinite. The non-finite update
+    is not applied to any checkpoint, and the error names the newest checkpoint that passed the checks."""
 
 
 @dataclass
@@ -54,6 +75,33 @@ class TrainingResult:
 def step_seed(seed: int, rank: int, step: int) -> int:
     """Seed of the prompts one rank draws at one step (distinct for every triple)."""
     return ((seed * 1_000_003 + rank) * 1_000_000_007 + step) % (2**63 - 1)
+
+
+def check_environment(args: ICLTrainingArguments) -> None:
+    """Refuse what would run wrongly or fail late: a tracker whose package is missing, fp16 on a CPU
+    (accelerate would silently train in fp32); warn that bf16 on a CPU is slow."""
+    packages = TRACKER_PACKAGES.get(args.report_to, ())
+    if packages and not any(importlib.util.find_spec(name) for name in packages):
+        raise ValueError(
+            f"report_to={args.report_to!r} needs the {' or '.join(packages)} package, which is not installed: "
+            f"pip install {packages[0]}, or pass report_to='none'"
+        )
+    if args.mixed_precision == "no":
+        return
+    device = PartialState().device
+    if device.type != "cpu":
+        return
+    if args.mixed_precision == "fp16":
+        raise ValueError(
+            "mixed_precision='fp16' needs a GPU (fp16 autocast with a gradient scaler), but this run is on the CPU, "
+            "where it would silently train in fp32; use mixed_precision='no' (or 'bf16')"
+        )
+    if PartialState().is_main_process:
+        warnings.warn(
+            "mixed_precision='bf16' on a CPU: bf16 autocast is usually much slower than fp32 there; "
+            "use mixed_precision='no' unless you mean to test bf16",
+            stacklevel=3,
+        )
 
 
 def build_task(args: ICLTrainingArguments) -> TaskFamily:
@@ -85,6 +133,7 @@ class ICLTrainer:
 
     def __init__(self, args: ICLTrainingArguments, model: torch.nn.Module | None = None):
         args.validate()
+        check_environment(args)
         self.args = args
         self.output_dir = Path(args.output_dir)
         self.accelerator = Accelerator(
@@ -92,19 +141,27 @@ class ICLTrainer:
             log_with=None if args.report_to == "none" else args.report_to,
             project_dir=str(self.output_dir),
         )
+        if self.accelerator.distributed_type in UNSUPPORTED_DISTRIBUTED:
+            raise ValueError(
+                f"ICLTrainer runs on one device or data-parallel (DDP), not {self.accelerator.distributed_type.value}: "
+                "its checkpoints hold full weights and optimizer state, which sharded setups split across "
+                "processes; launch with configs/accelerate/multi_gpu.yaml"
+            )
         set_seed(args.seed)  # the same initial weights on every rank
         self.task = build_task(args)
         self.curriculum = Curriculum.from_args(args)
         model = model if model is not None else build_icl_model(args, self.task)
         optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, weight_decay=args.weight_decay)
-        scheduler = get_scheduler(
+        # stepped here once per optimizer step: accelerate's prepared scheduler would step once per process
+        self.scheduler = get_scheduler(
             args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.train_steps
         )
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
+        self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.progress = TrainingProgress()
-        self.accelerator.register_for_checkpointing(self.progress)
         self.history: list[dict] = []
         self._eval_set = None
+        self._start_step = 0  # the step this run started (or resumed) at: no checkpoint is written there
+        self._last_good: Path | None = None  # the newest checkpoint that passed the finiteness checks
 
     # -- data ------------------------------------------------------------------------------------
     def draw_batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,6 +184,18 @@ class ICLTrainer:
 
     # -- loop ------------------------------------------------------------------------------------
     def train(self) -> TrainingResult:
+        """Train to ``args.train_steps``, resuming first if asked. The main process holds
+        ``OUTPUT_DIR/train.lock`` meanwhile, and refuses an output directory that holds another run
+        (unless ``overwrite_output_dir`` or ``resume_from_checkpoint``)."""
+        lock = RunLock(self.output_dir)
+        try:
+            self._on_main(lock.acquire)
+            self._on_main(self._prepare_output_dir)
+            return self._train()
+        finally:
+            lock.release()
+
+    def _train(self) -> TrainingResult:
         args, accelerator = self.args, self.accelerator
         self._maybe_resume()
         if args.report_to != "none":
@@ -158,13 +227,17 @@ class ICLTrainer:
                 )
             if args.eval_every and self.progress.step % args.eval_every == 0:
                 self._log(self.evaluate())
-            if args.save_every and self.progress.step % args.save_every == 0:
-                save_checkpoint(accelerator, self.output_dir, self.progress.step)
         bar.close()
+        final_rng = capture_rng_state(accelerator.device)  # the state the next step (of an extended run) starts in
         final_metrics = self.evaluate()
         self._log(final_metrics)
-        if not args.save_every or self.progress.step % args.save_every:
-            save_checkpoint(accelerator, self.output_dir, self.progress.step)
+        final_loss = final_metrics.get("eval/loss")
+        if final_loss is not None and not math.isfinite(final_loss):
+            raise self._diverged(
+                self.progress.step, f"the evaluation loss of the final weights is {final_loss} (they were not saved)"
+            )
+        if self.progress.step != self._start_step:
+            self._save_checkpoint(self.progress.step, final_rng)
         model = accelerator.unwrap_model(self.model)
         scaling = None
         if accelerator.is_main_process:
@@ -179,7 +252,12 @@ class ICLTrainer:
         return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics, scaling)
 
     def _optimizer_step(self, step: int, generator: torch.Generator) -> float:
+        """One optimizer step. A checkpoint due at ``step`` is written inside it, after this step's
+        loss and gradient norm (computed with the weights it saves) are checked finite and before the
+        update: a checkpoint's weights are ones that gave a finite loss and finite gradients."""
         args, accelerator = self.args, self.accelerator
+        save = self._save_due(step)
+        rng = capture_rng_state(accelerator.device) if save else None  # as the step starts
         generator.manual_seed(step_seed(args.seed, accelerator.process_index, step))
         total = torch.zeros((), device=accelerator.device)
         for micro in range(args.gradient_accumulation_steps):
@@ -192,18 +270,30 @@ class ICLTrainer:
             total += loss.detach()
         mean_loss = accelerator.reduce(total, reduction="mean").item()
         if not math.isfinite(mean_loss):
-            last_good = latest_checkpoint(self.output_dir)
-            raise TrainingDivergedError(
-                f"loss became {mean_loss} at step {step}; stopping. The last good checkpoint "
-                f"({last_good or 'none written yet'}) is untouched: resume from it with a lower learning_rate "
-                f"or max_grad_norm, or mixed_precision='no'."
-            )
-        if args.max_grad_norm > 0:
-            accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            raise self._diverged(step, f"the loss is {mean_loss} (no update was applied)")
+        grad_norm = self._gradient_norm()
+        # under fp16 an overflowing gradient is routine: the gradient scaler skips the update, lowers its scale
+        if not math.isfinite(grad_norm) and accelerator.scaler is None:
+            raise self._diverged(step, f"the gradient norm is {grad_norm} (the update was not applied)")
+        if save:
+            self._save_checkpoint(step, rng)
         self.optimizer.step()
-        self.scheduler.step()
+        if not self.optimizer.step_was_skipped:
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if not _all_finite(self.model.parameters()):
+            raise self._diverged(step, "this update made parameters non-finite (they were not saved)")
         return mean_loss
+
+    def _gradient_norm(self) -> float:
+        """The global gradient norm (after clipping to ``max_grad_norm``, its value before clipping)."""
+        parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if self.args.max_grad_norm > 0:
+            norm = self.accelerator.clip_grad_norm_(parameters, self.args.max_grad_norm)
+        else:
+            self.accelerator.unscale_gradients()  # fp16: the true gradients, as clip_grad_norm_ would see
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters]) if parameters else 0.0
+        return float(norm)
 
     def evaluate(self) -> dict[str, float]:
         """Loss and the per-position metric on the fixed evaluation set, scored in full precision
@@ -240,14 +330,177 @@ class ICLTrainer:
         if self.args.report_to != "none":
             self.accelerator.log({k: v for k, v in values.items() if k != "step"}, step=self.progress.step)
 
+    # -- checkpoints, resume, output directory ----------------------------------------------------
+    def _save_due(self, step: int) -> bool:
+        every = self.args.save_every
+        return bool(every) and step % every == 0 and step != self._start_step
+
+    def _save_checkpoint(self, step: int, rng_state: dict) -> Path:
+        dims, points = self.curriculum.at(step)
+        trainer_state = {
+            "step": step,
+            "curriculum": {"dims": dims, "points": points},
+            "seed": self.args.seed,
+            "num_processes": self.accelerator.num_processes,
+            "history": self.history,
+        }
+        self._last_good = save_checkpoint(
+            self.accelerator,
+            self.output_dir,
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            trainer_state=trainer_state,
+            rng_state=rng_state,
+            training_args=self.args.to_dict(),
+            save_total_limit=self.args.save_total_limit,
+        )
+        return self._last_good
+
+    def _diverged(self, step: int, problem: str) -> TrainingDivergedError:
+        args, good = self.args, self._last_good
+        if good is None:
+            advice = "No checkpoint of this run passed the checks yet: start again"
+        else:
+            advice = (
+                f"The newest checkpoint that passed the checks (finite loss, gradient norm and parameters) is {good}: "
+                f"resume from it with resume_from_checkpoint={str(good)!r}"
+            )
+        return TrainingDivergedError(
+            f"training diverged at step {step}: {problem}. {advice} and a lower learning_rate (now "
+            f"{args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}; 0 is off), or mixed_precision='no'."
+        )
+
+    def _on_main(self, action) -> None:
+        """Run ``action`` on the main process only; an error there stops every process."""
+        accelerator, error = self.accelerator, None
+        if accelerator.is_main_process:
+            try:
+                action()
+            except Exception as err:  # re-raised below, after the other processes have heard of it
+                error = err
+        if accelerator.num_processes > 1:
+            message = [None if error is None else f"{error}"]
+            broadcast_object_list(message, from_process=0)
+            if error is None and message[0] is not None:
+                raise OutputDirError(f"stopped by the main process: {message[0]}")
+        if error is not None:
+            raise error
+
+    def _prepare_output_dir(self) -> None:
+        """Refuse an output directory that holds another run, unless overwriting (remove it) or resuming."""
+        args = self.args
+        if args.overwrite_output_dir:
+            if args.resume_from_checkpoint is not None:
+                target, root = Path(args.resume_from_checkpoint).resolve(), self.output_dir.resolve()
+                if target == root or root in target.parents:
+                    raise OutputDirError(
+                        f"overwrite_output_dir=True would delete resume_from_checkpoint={args.resume_from_checkpoint!r}"
+                        f", which lies inside output_dir {str(self.output_dir)!r}; pass one of the two"
+                    )
+            removed = remove_run(self.output_dir)
+            if removed:
+                warnings.warn(
+                    f"overwrite_output_dir: removed the previous run's {removed} from {self.output_dir}", stacklevel=2
+                )
+            return
+        found = existing_run(self.output_dir)
+        if found and args.resume_from_checkpoint is None:
+            raise OutputDirError(
+                f"output_dir {str(self.output_dir)!r} holds another run ({', '.join(found)}); pass "
+                "overwrite_output_dir=True to replace it, resume_from_checkpoint='latest' to continue it, "
+                "or choose another output_dir"
+            )
+
     def _maybe_resume(self) -> None:
         target = self.args.resume_from_checkpoint
         if target is None:
             return
         path = latest_checkpoint(self.output_dir) if target == "latest" else Path(target)
         if path is None or not path.is_dir():
-            raise ValueError(f"resume_from_checkpoint={target!r}: no checkpoint found (looked for {path})")
-        self.accelerator.load_state(str(path))
+            looked = path if path is not None else self.output_dir / "checkpoints" / "step-*"
+            raise ValueError(f"resume_from_checkpoint={target!r}: no checkpoint found (looked for {looked})")
+        accelerator, main = self.accelerator, self.accelerator.is_main_process
+        required = (*REQUIRED_FILES, f"{SCALER}.json") if accelerator.scaler is not None else REQUIRED_FILES
+        manifest, unlisted = verify_checkpoint(path, required)
+        if unlisted and main:
+            warnings.warn(
+                f"checkpoint {path}: ignoring files that manifest.json does not list: {unlisted}", stacklevel=2
+            )
+        changes = self._resume_changes(path, manifest["training_args"])
+        step = manifest["step"]
+        if step > self.args.train_steps:
+            raise ValueError(
+                f"train_steps must be at least the step of resume_from_checkpoint={str(path)!r} ({step}), "
+                f"got {self.args.train_steps}"
+            )
+        trainer_state, rng_state = load_checkpoint(
+            path, manifest, accelerator, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
+        )
+        if trainer_state.get("step") != step:
+            raise CheckpointError(
+                f"checkpoint {path}: trainer_state.json has step {trainer_state.get('step')!r}, manifest.json {step}"
+            )
+        if rng_state is not None:
+            restore_rng_state(
+                rng_state, accelerator.device, f"checkpoint {path}: {rng_state_name(accelerator.process_index)}"
+            )
+        elif main:
+            warnings.warn(
+                f"checkpoint {path} has no random state for process {accelerator.process_index} (it was written by "
+                f"{trainer_state.get('num_processes')} processes): this process keeps its freshly seeded generators",
+                stacklevel=2,
+            )
+        history = trainer_state.get("history", [])
+        self.history = [dict(record) for record in history if isinstance(record, dict)]
+        self.progress.step = self._start_step = step
+        self._last_good = path
+        self._apply_resume_changes(changes)
+        if changes and main:
+            listed = ", ".join(f"{name} {old!r} → {new!r}" for name, (old, new) in changes.items())
+            warnings.warn(f"resuming {path} at step {step} with changed arguments (applied): {listed}", stacklevel=2)
+
+    def _resume_changes(self, path: Path, saved: dict) -> dict[str, tuple]:
+        """The arguments that differ from the checkpoint's: refuse (one ValueError listing them all) unless
+        every one may change on resume; return the changes (``name: (old, new)``) otherwise."""
+        current, absent = self.args.to_dict(), "<absent>"
+        differing = {
+            name: (saved.get(name, absent), current.get(name, absent))
+            for name in sorted(set(saved) | set(current))
+            if saved.get(name, absent) != current.get(name, absent)
+        }
+        refused = {name: change for name, change in differing.items() if name not in RESUMABLE_CHANGES}
+        if refused:
+            listed = ", ".join(f"{name} {old!r} → {new!r}" for name, (old, new) in refused.items())
+            raise ValueError(
+                f"cannot resume from {path}: these training arguments differ from the checkpoint's: {listed}. "
+                f"Only {', '.join(RESUMABLE_CHANGES)} may change on resume; set the others back, or start a new run "
+                "in another output_dir"
+            )
+        return {name: change for name, change in differing.items() if name != "resume_from_checkpoint"}
+
+    def _apply_resume_changes(self, changes: dict[str, tuple]) -> None:
+        """A new learning_rate becomes the schedule's base; a new train_steps reshapes the schedule
+        (built for it in __init__) from the resumed step on; max_grad_norm and cadences are read live."""
+        if "learning_rate" not in changes and "train_steps" not in changes:
+            return
+        scheduler = self.scheduler
+        if "learning_rate" in changes:
+            scheduler.base_lrs = [self.args.learning_rate for _ in scheduler.base_lrs]
+            for group in self.optimizer.param_groups:
+                group["initial_lr"] = self.args.learning_rate
+        lrs = [
+            base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
+        ]
+        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
+            group["lr"] = lr
+        scheduler._last_lr = lrs
+
+
+def _all_finite(tensors) -> bool:
+    flags = [torch.isfinite(t.detach()).all() for t in tensors]
+    return bool(torch.stack(flags).all()) if flags else True
 
 
 def train(args: ICLTrainingArguments) -> TrainingResult:
