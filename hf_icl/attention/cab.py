@@ -20,6 +20,7 @@ do not cover and masks other than causal + key padding.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -85,7 +86,12 @@ class CABParams:
 
     @classmethod
     def from_config(cls, config) -> CABParams:
+        """The validated ``cab_*`` fields of ``config``; a ``cab_*`` attribute CAB does not know (a typo such as
+        ``config.cab_sparsty = 0.5``, which would otherwise run with the default) raises ``ValueError``."""
         defaults = cls.__dataclass_fields__
+        stray = [key for key in getattr(config, "__dict__", {}) if key.startswith("cab_") and key not in _CONFIG_FIELDS]
+        if stray:
+            raise ValueError(_unknown_message("model.config has an unknown CAB field", stray, sorted(_CONFIG_FIELDS)))
         return cls(**{name: getattr(config, config_field(name), defaults[name].default) for name in defaults})
 
     def to_config_fields(self) -> dict:
@@ -94,6 +100,19 @@ class CABParams:
 
 def config_field(name: str) -> str:
     return "cab_lambda" if name == "lam" else f"cab_{name}"
+
+
+#: the ``cab_*`` config fields, one per :class:`CABParams` field
+_CONFIG_FIELDS = frozenset(config_field(name) for name in CABParams.__dataclass_fields__)
+
+
+def _unknown_message(what: str, unknown: list[str], allowed: list[str]) -> str:
+    """``{what} 'x'; did you mean 'y'?`` for each unknown name, then the allowed names."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
+        parts.append(f"{what} {name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    return "; ".join(parts) + f"; allowed: {', '.join(allowed)}"
 
 
 def _bool_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -240,6 +259,15 @@ def enable_cab(model, **hyperparameters):
     ``policy``, ``lam``, ``budget``, ``sink_blocks``, ``min_seq_len``, ``decode``,
     ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``.
     """
+    if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
+        raise ValueError(
+            f"model must be a transformers PreTrainedModel (with .config and .set_attn_implementation), "
+            f"got {type(model).__name__}"
+        )
+    allowed = list(CABParams.__dataclass_fields__)
+    unknown = [name for name in hyperparameters if name not in allowed]
+    if unknown:
+        raise ValueError(_unknown_message("enable_cab got an unknown keyword", unknown, allowed))
     current = CABParams.from_config(model.config)
     params = CABParams(**{**asdict(current), **hyperparameters})
     for field, value in params.to_config_fields().items():

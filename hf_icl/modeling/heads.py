@@ -68,6 +68,10 @@ def loss_mask_for(positions, n_points: int, device) -> torch.Tensor | None:
     if positions is None:
         return None
     positions = torch.as_tensor(positions, device=device)
+    if positions.numel() and (positions.is_floating_point() or positions.is_complex()):
+        raise ValueError(
+            f"loss_positions must be a bool mask of shape ({n_points},) or integer indices, got dtype {positions.dtype}"
+        )
     if positions.dtype == torch.bool:
         if positions.shape != (n_points,):
             raise ValueError(f"a boolean loss_positions must have shape ({n_points},), got {tuple(positions.shape)}")

@@ -8,6 +8,8 @@ any token holding ``y_i``, so one causal forward pass predicts every position.
 
 from __future__ import annotations
 
+import difflib
+
 import torch
 import torch.nn.functional as F
 
@@ -15,14 +17,119 @@ import torch.nn.functional as F
 TARGET_KINDS = ("regression", "binary", "categorical")
 
 
-def check_prompt(xs: torch.Tensor, ys: torch.Tensor, n_dims: int, max_points: int | None = None) -> None:
-    """Raise a clear ``ValueError`` unless ``xs (B, N, n_dims)`` and ``ys (B, N)`` match."""
+def check_prompt(
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    n_dims: int,
+    max_points: int | None = None,
+    *,
+    target_kind: str = "regression",
+    n_classes: int | None = None,
+    check_values: bool = True,
+) -> None:
+    """Raise a clear ``ValueError`` unless ``xs (B, N, n_dims)`` and ``ys (B, N)`` form a valid prompt batch.
+
+    Always checked (free: no device sync): both are tensors on one device, ``xs`` has a floating-point
+    dtype and shape ``(B, N, n_dims)`` with ``B, N >= 1`` (and ``N <= max_points``), ``ys`` has shape
+    ``(B, N)`` and a real dtype (bool and complex are refused).
+
+    With ``check_values`` (one fused reduction and ONE device sync) the values too: ``xs`` finite, and ``ys``
+    finite real targets (``"regression"``), exactly ±1 (``"binary"``), or class ids, i.e. integers (an integer
+    dtype, or floats with integral values) in ``[0, n_classes)`` (``"categorical"``). One NaN would otherwise
+    turn every prediction of its prompt into NaN, a label 0 would become a BCE target of 0.5 and a class id
+    1.7 would be truncated to 1, all silently. Callers that build prompts themselves (a trainer sampling
+    tasks) pass ``check_values=False`` to skip the sync.
+    """
+    for name, value in (("xs", xs), ("ys", ys)):
+        if not isinstance(value, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    if not xs.is_floating_point():
+        raise ValueError(f"xs must have a floating-point dtype (float32, bfloat16, float16, float64), got {xs.dtype}")
+    if ys.dtype == torch.bool or ys.is_complex():
+        allowed = "integer class ids" if target_kind == "categorical" else "real numbers (a floating-point dtype)"
+        raise ValueError(f"ys must hold {allowed} for target_kind={target_kind!r}, got dtype {ys.dtype}")
     if xs.ndim != 3 or xs.shape[-1] != n_dims:
         raise ValueError(f"xs must have shape (batch, n_points, {n_dims}), got {tuple(xs.shape)}")
+    if xs.shape[0] < 1 or xs.shape[1] < 1:
+        raise ValueError(
+            f"xs must hold at least one prompt of at least one point (batch >= 1, n_points >= 1), got shape "
+            f"{tuple(xs.shape)}"
+        )
     if ys.shape != xs.shape[:2]:
         raise ValueError(f"ys must have shape {tuple(xs.shape[:2])} to match xs, got {tuple(ys.shape)}")
+    if ys.device != xs.device:
+        raise ValueError(f"xs and ys must be on the same device, got xs on {xs.device} and ys on {ys.device}")
     if max_points is not None and xs.shape[1] > max_points:
         raise ValueError(f"prompts have {xs.shape[1]} points but the model supports at most n_points={max_points}")
+    if target_kind == "categorical" and n_classes is None:
+        raise ValueError("check_prompt needs n_classes for target_kind='categorical'")
+    if check_values:
+        _check_prompt_values(xs, ys, target_kind, n_classes)
+
+
+def _valid_targets(ys: torch.Tensor, target_kind: str, n_classes: int | None) -> torch.Tensor:
+    """Bool mask of the entries of ``ys`` that are valid targets of ``target_kind``."""
+    if target_kind == "binary":
+        return (ys == 1) | (ys == -1)
+    if target_kind == "categorical":
+        ok = (ys >= 0) & (ys < n_classes)  # NaN and ±inf fail these comparisons
+        return ok & (ys == ys.trunc()) if ys.is_floating_point() else ok
+    if target_kind == "regression":
+        return torch.isfinite(ys)
+    raise ValueError(f"target_kind must be one of {list(TARGET_KINDS)}, got {target_kind!r}")
+
+
+def _check_prompt_values(xs: torch.Tensor, ys: torch.Tensor, target_kind: str, n_classes: int | None) -> None:
+    finite_xs = torch.isfinite(xs)
+    valid_ys = _valid_targets(ys, target_kind, n_classes)
+    xs_ok, ys_ok = torch.stack((finite_xs.all(), valid_ys.all())).tolist()  # the one device sync
+    if not xs_ok:
+        index = tuple((~finite_xs).nonzero()[0].tolist())
+        raise ValueError(
+            f"xs must hold finite values only, got {_show(xs[index].item())} at xs[{', '.join(map(str, index))}] "
+            f"(prompt {index[0]}, position {index[1]})"
+        )
+    if not ys_ok:
+        index = tuple((~valid_ys).nonzero()[0].tolist())
+        value = _show(ys[index].item())
+        where = f"at ys[{index[0]}, {index[1]}]"
+        if target_kind == "binary":
+            hint = " (labels in {0, 1} map to ±1 as 2 * ys - 1)" if ys[index].item() == 0 else ""
+            raise ValueError(f"ys must be ±1 labels (-1 or 1) for target_kind='binary', got {value} {where}{hint}")
+        if target_kind == "categorical":
+            raise ValueError(
+                f"ys must be integer class ids in [0, n_classes={n_classes}) for target_kind='categorical', "
+                f"got {value} {where}"
+            )
+        raise ValueError(f"ys must hold finite values only for target_kind='regression', got {value} {where}")
+
+
+def _show(value) -> str:
+    """A tensor entry for a message: 1.7, not 1.7000000476837158."""
+    return f"{value:.6g}" if isinstance(value, float) else str(value)
+
+
+def check_forward_kwargs(owner: str, kwargs: dict, own: tuple[str, ...] = ()) -> None:
+    """Raise ``ValueError`` for a keyword a model's ``forward`` would otherwise pass on and the backbone ignore.
+
+    Allowed: transformers' per-call keywords (``TransformersKwargs``: ``position_ids``, ``output_attentions``, …)
+    and ``return_dict``. ``own`` lists the forward's own parameters, offered as close matches for a typo such
+    as ``loss_position``.
+    """
+    from transformers.utils import TransformersKwargs
+
+    allowed = set(getattr(TransformersKwargs, "__annotations__", {})) | {"return_dict"}
+    unknown = [key for key in kwargs if key not in allowed]
+    if unknown:
+        candidates = sorted(allowed | set(own))
+        parts = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, candidates, n=2, cutoff=0.6)
+            parts.append(f"{key!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+        raise ValueError(
+            f"{owner}.forward got unexpected keyword argument(s) {', '.join(parts)}; it takes "
+            f"{', '.join(own)} and transformers' per-call keywords ({', '.join(sorted(allowed))})"
+        )
 
 
 def encode_labels(ys: torch.Tensor, target_kind: str, n_classes: int) -> torch.Tensor:

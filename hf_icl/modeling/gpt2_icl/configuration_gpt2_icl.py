@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from transformers import GPT2Config
+from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
+from ..config_fields import check_config_kwargs
 from ..prompts import PROMPT_FORMATS, TARGET_KINDS
 
 #: initialisations of the read-in and read-out layers (see ``GPT2ICLConfig.io_init``)
 IO_INITS = ("gpt2", "garg")
 #: name -> (n_embd, n_layer, n_head)
 SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
+#: GPT2Config's default n_positions: a config that does not set it (GPT2ICLConfig derives it from n_points)
+_GPT2_N_POSITIONS = GPT2Config.__dataclass_fields__["n_positions"].default
 
 
 class GPT2ICLConfig(GPT2Config):
@@ -33,6 +37,9 @@ class GPT2ICLConfig(GPT2Config):
 
     Dropout defaults to 0 and the unused token vocabulary to a single row.
     ``GPT2ICLConfig.from_preset("tiny" | "small" | "standard", ...)`` sets width, depth and heads.
+    A keyword that is no field (``n_layers=2``) raises ``ValueError`` naming close matches; the
+    ``cab_*`` fields of CAB attention are accepted (and validated), as are transformers' own keys
+    and GPT-2's aliases (``hidden_size``, ``num_hidden_layers``, …).
     """
 
     model_type = "gpt2_icl"
@@ -57,6 +64,7 @@ class GPT2ICLConfig(GPT2Config):
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs):
+        kwargs = check_config_kwargs(self, kwargs)  # unknown fields (typos) are errors, not silent defaults
         check_int("n_dims", self.n_dims, low=1)
         check_int("n_points", self.n_points, low=1)
         check_choice("target_kind", self.target_kind, TARGET_KINDS)
@@ -67,9 +75,20 @@ class GPT2ICLConfig(GPT2Config):
             check_int(name, getattr(self, name), low=1)
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
-        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"):
             check_float(name, getattr(self, name), low=0, high=1)
-        self.n_positions = 2 * self.n_points
+        if self.n_inner is not None:
+            check_int("n_inner", self.n_inner, low=1)
+        check_choice("activation_function", self.activation_function, sorted(ACT2FN))
+        check_float("layer_norm_epsilon", self.layer_norm_epsilon, low=0, low_inclusive=False)
+        check_float("initializer_range", self.initializer_range, low=0)
+        derived = 2 * self.n_points
+        if self.n_positions not in (derived, _GPT2_N_POSITIONS):
+            raise ValueError(
+                f"n_positions is set from n_points (2 * n_points = {derived} tokens); set n_points instead, "
+                f"got n_positions={self.n_positions!r}"
+            )
+        self.n_positions = derived
         super().__post_init__(**kwargs)
 
     @classmethod
@@ -77,6 +96,7 @@ class GPT2ICLConfig(GPT2Config):
         """A config with the width / depth / heads of a named size (tiny, small, standard)."""
         check_choice("size", size, sorted(SIZE_PRESETS))
         n_embd, n_layer, n_head = SIZE_PRESETS[size]
+        kwargs = {cls.attribute_map.get(key, key): value for key, value in kwargs.items()}  # hidden_size → n_embd
         clash = sorted({"n_embd", "n_layer", "n_head"} & set(kwargs))
         if clash:
             raise ValueError(f"size={size!r} sets n_embd/n_layer/n_head; do not also pass {clash}")

@@ -18,8 +18,11 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_prompt, encode_labels
+from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_prompt, encode_labels
 from .configuration_gpt2_icl import GPT2ICLConfig
+
+#: the parameters of the models' forward (close matches for a mistyped keyword)
+_FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "output_attentions", "check_inputs")
 
 
 class GPT2ICLPreTrainedModel(BitExactLoadingMixin, GPT2PreTrainedModel):
@@ -59,9 +62,26 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
         ys: torch.Tensor,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        check_inputs: bool = True,
         **kwargs,
     ) -> BaseModelOutput:
-        check_prompt(xs, ys, self.config.n_dims, self.config.n_points)
+        """``check_inputs``: see :meth:`GPT2ForInContextRegression.forward`."""
+        config = self.config
+        check_prompt(
+            xs,
+            ys,
+            config.n_dims,
+            config.n_points,
+            target_kind=config.target_kind,
+            n_classes=config.n_classes,
+            check_values=check_inputs,
+        )
+        check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
+        if xs.device != self.read_in.weight.device:
+            raise ValueError(
+                f"xs and ys must be on the model's device {self.read_in.weight.device}, got {xs.device}; "
+                "move them with .to(model.device)"
+            )
         labels = encode_labels(ys, self.config.target_kind, self.config.n_classes)
         embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
         out = self.backbone(
@@ -106,11 +126,26 @@ class GPT2ForInContextRegression(GPT2ICLPreTrainedModel):
         loss_positions: torch.Tensor | list[int] | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
+        check_inputs: bool = True,
         **kwargs,
     ) -> ICLOutput:
-        """``loss_positions``: a ``(N,)`` bool mask or indices of the positions in the loss (default all)."""
+        """Predict every position of the prompts ``xs (B, N, n_dims)``, ``ys (B, N)``.
+
+        Args:
+            loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
+            check_inputs: check the prompt's *values* (finite ``xs``; ``ys`` finite, ±1 or class ids in
+                ``[0, n_classes)`` by ``config.target_kind``) and raise a ``ValueError`` naming the first bad
+                entry. This costs one device sync; pass ``False`` for prompts you built yourself (the trainer
+                does, for the tasks it samples). Shapes, dtypes and devices are checked either way.
+        """
+        check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         base = self.model(
-            xs, ys, output_hidden_states=output_hidden_states, output_attentions=output_attentions, **kwargs
+            xs,
+            ys,
+            output_hidden_states=output_hidden_states,
+            output_attentions=output_attentions,
+            check_inputs=check_inputs,
+            **kwargs,
         )
         n_points = xs.shape[1]
         hidden = base.last_hidden_state[:, self.model.prompt.query_positions(n_points)]
