@@ -36,6 +36,8 @@ class OptimalRidge(InContextEstimator):
         weight_var: float | str = 1.0,
         noise_probs: Sequence[float] | None = None,
     ):
+        if isinstance(noise_std, (str, bytes)) or not isinstance(noise_std, (int, float, Sequence)):
+            raise ValueError(f"noise_std must be a positive number or a non-empty sequence of them, got {noise_std!r}")
         levels = [noise_std] if isinstance(noise_std, (int, float)) else list(noise_std)
         if not levels:
             raise ValueError("noise_std must be a positive number or a non-empty sequence, got []")
