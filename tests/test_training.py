@@ -1,17 +1,21 @@
 """The Accelerate trainer: curriculum, arguments, learning, bit-identical resume, NaN safety, two ranks."""
 
+import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
 
 import pytest
 import torch
+from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
+from transformers import AutoModel, get_scheduler
 
 from hf_icl.training import Curriculum, ICLTrainer, ICLTrainingArguments, TrainingDivergedError, latest_checkpoint
-from hf_icl.training.trainer import step_seed
+from hf_icl.training.trainer import build_task, step_seed
 
 
 def small_args(tmp_path, **kw) -> ICLTrainingArguments:
@@ -144,6 +148,70 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path):
     assert resumed.train().step == 12
 
 
+def test_huge_learning_rate_stops_at_a_checkpoint_that_still_trains(tmp_path):
+    ICLTrainer(small_args(tmp_path, train_steps=10, save_every=5)).train()
+    huge = small_args(tmp_path, learning_rate=1e20, save_every=1, resume_from_checkpoint="latest")
+    with pytest.raises(TrainingDivergedError, match="step 11: the loss is nan") as caught:
+        ICLTrainer(huge).train()
+    message = str(caught.value)
+    assert "learning_rate (now 1e+20)" in message and "max_grad_norm" in message
+    named = re.search(r"resume_from_checkpoint='([^']+)'", message).group(1)
+    assert named == str(latest_checkpoint(tmp_path / "run"))  # the 1e20 update after step 10 was never saved
+    assert named.endswith("step-00000010")
+    model = AutoModel.from_pretrained(named)
+    assert max(p.abs().max().item() for p in model.parameters()) < 100
+    args = small_args(tmp_path)
+    xs, ys = build_task(args).sample(32, args.n_points, seed=5)
+    with torch.no_grad():
+        assert torch.isfinite(model(xs, ys).loss)
+    # the advice works: a lower learning rate from the named checkpoint trains to the end
+    recovered = ICLTrainer(small_args(tmp_path, learning_rate=1e-3, resume_from_checkpoint=named)).train()
+    assert recovered.step == 20
+    assert all(torch.isfinite(p).all() for p in recovered.model.parameters())
+
+
+@pytest.mark.parametrize("max_grad_norm", [1.0, 0.0], ids=["clipped", "unclipped"])
+def test_an_infinite_gradient_is_never_applied(tmp_path, max_grad_norm):
+    class Poisoned(ICLTrainer):
+        def _optimizer_step(self, step, generator):
+            if step == 7:  # the loss stays finite; one parameter's gradient becomes infinite
+                self.before = weights(self.model)
+                next(self.model.parameters()).register_hook(lambda grad: torch.full_like(grad, float("inf")))
+            return super()._optimizer_step(step, generator)
+
+    trainer = Poisoned(small_args(tmp_path, save_every=5, max_grad_norm=max_grad_norm))
+    with pytest.raises(TrainingDivergedError, match=r"step 7: the gradient norm is (inf|nan)") as caught:
+        trainer.train()
+    assert "step-00000005" in str(caught.value)
+    after = weights(trainer.model)
+    assert all(torch.equal(trainer.before[k], after[k]) for k in after)
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000005"
+
+
+def test_environment_checks_come_before_any_work(tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    with pytest.raises(ValueError, match="mixed_precision='fp16' needs a GPU.*CPU.*mixed_precision='no'"):
+        ICLTrainer(small_args(tmp_path, mixed_precision="fp16"))
+    real_find_spec = importlib.util.find_spec
+    missing = {"wandb", "tensorboard", "tensorboardX"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a, **kw: None if name in missing else real_find_spec(name, *a, **kw)
+    )
+    for tracker in ("wandb", "tensorboard"):
+        with pytest.raises(
+            ValueError, match=f"report_to='{tracker}' needs the {tracker}.*pip install {tracker}.*'none'"
+        ):
+            ICLTrainer(small_args(tmp_path, report_to=tracker))
+    assert not out.exists()
+    monkeypatch.undo()
+    AcceleratorState._reset_state()  # accelerate keeps one precision per process: earlier tests set "no"
+    try:
+        with pytest.warns(UserWarning, match="mixed_precision='bf16' on a CPU.*slower"):
+            ICLTrainer(small_args(tmp_path, mixed_precision="bf16"))
+    finally:
+        AcceleratorState._reset_state()  # and later tests use "no" again
+
+
 def test_resume_from_missing_checkpoint_is_a_clear_error(tmp_path):
     with pytest.raises(ValueError, match="resume_from_checkpoint"):
         ICLTrainer(small_args(tmp_path, resume_from_checkpoint="latest")).train()
@@ -151,8 +219,10 @@ def test_resume_from_missing_checkpoint_is_a_clear_error(tmp_path):
 
 RANK_SCRIPT = textwrap.dedent(
     """
-    import json, sys, torch
+    import hashlib, json, sys, torch
+    from accelerate import Accelerator, PartialState
     from hf_icl.training import ICLTrainer, ICLTrainingArguments
+    Accelerator.end_training = lambda self: None  # several runs in one process: keep the process group
     out = sys.argv[1]
     args = ICLTrainingArguments(n_dims=3, n_points=5, model_size="tiny", train_steps=4, batch_size=4,
         curriculum_dims_start=None, curriculum_points_start=None, eval_every=0, save_every=0,
@@ -163,8 +233,32 @@ RANK_SCRIPT = textwrap.dedent(
     result = trainer.train()
     total = sum(p.double().sum().item() for p in result.model.parameters())
     rank = trainer.accelerator.process_index
+
+    # resume on two ranks (dropout on, so each rank's random state matters): interrupted at step 3 after
+    # the checkpoint at step 2, resumed; an uninterrupted run is the reference
+    class Interrupted(ICLTrainer):
+        def _optimizer_step(self, step, generator):
+            if step == 3:
+                raise KeyboardInterrupt
+            return super()._optimizer_step(step, generator)
+
+    def digest(model):
+        return hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values())).hexdigest()
+
+    common = dict(n_dims=3, n_points=5, model_size="tiny", train_steps=6, batch_size=4, eval_every=0,
+        eval_prompts=16, save_every=2, logging_every=1, lr_scheduler="cosine", warmup_steps=2,
+        model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', report_to="none", progress_bar=False)
+    try:
+        Interrupted(ICLTrainingArguments(**common, output_dir=f"{out}/b")).train()
+    except KeyboardInterrupt:
+        pass
+    resumed = ICLTrainer(ICLTrainingArguments(**common, output_dir=f"{out}/b", resume_from_checkpoint="latest")).train()
+    straight = ICLTrainer(ICLTrainingArguments(**common, output_dir=f"{out}/c")).train()
     with open(f"{out}/rank{rank}.json", "w") as f:
-        json.dump({"world": trainer.accelerator.num_processes, "weights": total, "batch": xs.sum().item()}, f)
+        json.dump({"world": trainer.accelerator.num_processes, "weights": total, "batch": xs.sum().item(),
+                   "resumed": digest(resumed.model), "straight": digest(straight.model),
+                   "lrs": [h["train/lr"] for h in straight.history if "train/lr" in h]}, f)
+    PartialState().destroy_process_group()
     """
 )
 
@@ -180,3 +274,18 @@ def test_two_cpu_ranks_agree_on_weights(tmp_path):
     assert ranks[0]["world"] == ranks[1]["world"] == 2
     assert ranks[0]["weights"] == ranks[1]["weights"]  # DDP kept the replicas identical
     assert ranks[0]["batch"] != ranks[1]["batch"]  # each rank drew its own prompts
+    # resumed on two ranks = uninterrupted, on both ranks
+    assert ranks[0]["resumed"] == ranks[0]["straight"] == ranks[1]["resumed"] == ranks[1]["straight"]
+    checkpoint = tmp_path / "b" / "checkpoints" / "step-00000002"
+    listed = json.loads((checkpoint / "manifest.json").read_text())["files"]
+    assert {"rng_state_0.json", "rng_state_1.json", "model.safetensors", "optimizer.safetensors"} <= set(listed)
+    assert not list(checkpoint.glob("*.pkl")) and not list(checkpoint.glob("*.bin"))
+    # the schedule advances once per optimizer step, not once per process
+    reference = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-4)
+    scheduler = get_scheduler("cosine", reference, num_warmup_steps=2, num_training_steps=6)
+    expected = []
+    for _ in range(6):
+        reference.step()
+        scheduler.step()
+        expected.append(scheduler.get_last_lr()[0])
+    assert ranks[0]["lrs"] == ranks[1]["lrs"] == pytest.approx(expected, rel=1e-12, abs=0)

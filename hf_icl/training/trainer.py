@@ -365,12 +365,13 @@ class ICLTrainer:
         else:
             advice = (
                 f"The newest checkpoint that passed the checks (finite loss, gradient norm and parameters) is {good}: "
-                f"resume from it with resume_from_checkpoint={str(good)!r}"
+                f"resume from it (resume_from_checkpoint={str(good)!r})"
             )
-        return TrainingDivergedError(
-            f"training diverged at step {step}: {problem}. {advice} and a lower learning_rate (now "
-            f"{args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}; 0 is off), or mixed_precision='no'."
-        )
+        remedies = f"a lower learning_rate (now {args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}"
+        remedies += "; 0 is off)" if args.max_grad_norm else ", off)"
+        if args.mixed_precision != "no":
+            remedies += ", or mixed_precision='no'"
+        return TrainingDivergedError(f"training diverged at step {step}: {problem}. {advice} with {remedies}.")
 
     def _on_main(self, action) -> None:
         """Run ``action`` on the main process only; an error there stops every process."""
