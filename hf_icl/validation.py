@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from typing import Any
 
@@ -31,6 +32,15 @@ def check_float(
     if too_low or (high is not None and value > high):
         raise ValueError(f"{name} must be a number in {_interval(low, high, low_inclusive)}, got {value}")
     return float(value)
+
+
+def check_scaling(scaling: Any, name: str = "scaling") -> float:
+    """Return ``float(scaling)`` if it is a finite positive real (an attention softmax scale); raise otherwise."""
+    if isinstance(scaling, bool) or not isinstance(scaling, numbers.Real) or not math.isfinite(scaling) or scaling <= 0:
+        raise ValueError(
+            f"{name} must be a finite positive number (the softmax scale, usually head_dim ** -0.5), got {scaling!r}"
+        )
+    return float(scaling)
 
 
 def check_choice(name: str, value: Any, choices: Iterable[Any]) -> Any:

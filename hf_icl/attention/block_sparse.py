@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..validation import check_scaling
+
 
 def selected_block_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(B, H, Mq, Mk)`` bool → indices ``(B, H, Mq, K)`` of the kept key blocks (ascending) and a
@@ -57,6 +59,7 @@ def block_sparse_attention(
     Returns ``(B, H, Nq, D)`` in the query dtype. A query that can see no key at all (a padded
     position) gets zeros, never NaN.
     """
+    _check_arguments(query, key, value, keep, block_size, scaling, q_offset, attention_mask, dropout)
     batch, heads, n_q, dim = query.shape
     indices, valid = selected_block_indices(keep)  # (B, H, Mq, K)
     n_k_blocks = keep.shape[-1]
@@ -95,6 +98,59 @@ def block_sparse_attention(
     if attention_mask is not None:
         out = out.nan_to_num(0.0)  # padded queries see nothing; causality alone never empties a row
     return out[:, :, :n_q]
+
+
+def _check_arguments(query, key, value, keep, block_size, scaling, q_offset, attention_mask, dropout) -> None:
+    """Shapes, dtypes, devices and scalars of :func:`block_sparse_attention` (no device sync)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D (batch, heads, tokens, head_dim) floating-point tensor, got {got}")
+        if x.dtype != query.dtype or x.device != query.device:
+            raise ValueError(
+                f"{name} must have query's dtype and device ({query.dtype} on {query.device}), "
+                f"got {x.dtype} on {x.device}"
+            )
+    if key.shape != value.shape or key.shape[:2] != query.shape[:2] or key.shape[3] != query.shape[3]:
+        raise ValueError(
+            "key and value must have equal shapes (B, H, Nk, D) with query's B, H and D, got "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if min(query.shape[2], key.shape[2]) < 1:
+        raise ValueError(f"query and key must hold at least one token, got {query.shape[2]} and {key.shape[2]}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    check_scaling(scaling)
+    if isinstance(q_offset, bool) or not isinstance(q_offset, int) or q_offset < 0:
+        raise ValueError(f"q_offset must be an integer >= 0, got {q_offset!r}")
+    if query.shape[2] > 1 and q_offset % block_size:
+        raise ValueError(
+            f"q_offset must be a multiple of block_size={block_size} unless Nq == 1 (decode), got q_offset={q_offset}"
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    expected = (*query.shape[:2], -(-query.shape[2] // block_size), -(-key.shape[2] // block_size))
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or tuple(keep.shape) != expected:
+        got = f"{keep.dtype} tensor of shape {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep)
+        raise ValueError(f"keep must be a bool tensor of shape (B, H, Mq, Mk)={expected}, got {got}")
+    if keep.device != query.device:
+        raise ValueError(f"keep must be on query's device {query.device}, got {keep.device}")
+    if attention_mask is not None:
+        mask_ok = (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dtype == torch.bool
+            and attention_mask.dim() == 4
+            and attention_mask.shape[0] == query.shape[0]
+            and attention_mask.shape[1] in (1, query.shape[1])
+            and tuple(attention_mask.shape[2:]) == (query.shape[2], key.shape[2])
+        )
+        if not mask_ok:
+            got = (
+                f"{attention_mask.dtype} tensor of shape {tuple(attention_mask.shape)}"
+                if isinstance(attention_mask, torch.Tensor)
+                else type(attention_mask).__name__
+            )
+            raise ValueError(f"attention_mask must be None or a bool (B, 1 or H, Nq, Nk) tensor, got {got}")
 
 
 def _gather_token_mask(

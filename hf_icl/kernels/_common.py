@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import check_choice
+from ..validation import check_choice, check_scaling  # noqa: F401  (check_scaling: re-exported)
 
 try:  # triton is optional (absent on macOS / Windows); the reference paths never need it.
     import triton

@@ -37,6 +37,7 @@ from ._common import (
     check_kernel_runnable,
     check_key_padding_mask,
     check_matches_query,
+    check_scaling,
     is_interpreted,
     resolve_backend,
     tl,
@@ -63,10 +64,12 @@ HEAD_DIMS = (32, 64, 128)
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int) -> None:
-    """Raise ``ValueError`` naming the argument, the value and what is allowed (q / k / v, block size, offset)."""
+def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int, *, scaling) -> None:
+    """Raise ``ValueError`` naming the argument, the value and what is allowed (q / k / v, block size, offset,
+    scaling). Shapes and scalars only: no device sync."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         check_attention_tensor(name, x)
+    check_scaling(scaling)
     check_matches_query(q, "k", k, grouped=True)
     check_matches_query(q, "v", v, grouped=True)
     if k.shape != v.shape:
@@ -290,7 +293,7 @@ def block_sparse_attention_triton(
     tensors, or on CPU tensors under ``TRITON_INTERPRET=1``; strided inputs are read in place.
     """
     if validate:
-        validate_qkv(q, k, v, block_size, q_offset)
+        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_selection(q, k, indices, counts, block_size)
         check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_attention_kernel, q, "block_sparse_attention_triton")
@@ -403,7 +406,7 @@ def block_sparse_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PyTorch path: :func:`hf_icl.attention.block_sparse.block_sparse_attention`, plus a dense masked lse."""
-    validate_qkv(q, k, v, block_size, q_offset)
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)
     heads = q.shape[1]
@@ -448,7 +451,7 @@ def block_sparse_attention_forward(
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     if resolve_backend(backend, q) == "reference":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset)
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
     indices, valid = selected_block_indices(keep)

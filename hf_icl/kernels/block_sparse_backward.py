@@ -182,8 +182,8 @@ if triton is not None:
         tl.store(dv + ptrs, dv_acc.to(dv.dtype.element_ty), mask=store_ok)
 
 
-def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask) -> None:
-    validate_qkv(q, k, v, block_size, q_offset)
+def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask, scaling) -> None:
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)
     for name, x, shape, dtype in (
@@ -223,7 +223,7 @@ def block_sparse_attention_backward_triton(
     ``validate=False`` skips the input checks (the autograd op has made them in the forward).
     """
     if validate:
-        _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask)
+        _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask, scaling)
     check_kernel_runnable(_block_sparse_dq_kernel, q, "block_sparse_attention_backward_triton")
     indices, valid = selected_block_indices(keep)
     t_indices, t_valid = selected_block_indices(keep.transpose(-1, -2))  # query blocks that kept each key block
@@ -343,7 +343,7 @@ def block_sparse_flash_attention(
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset}
     if resolve_backend(backend, q) == "reference":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset)
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)
     return _BlockSparseFlashAttention.apply(q, k, v, keep, key_padding_mask, block_size, scaling, q_offset)

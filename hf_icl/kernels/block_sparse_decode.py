@@ -18,7 +18,7 @@ import math
 import torch
 
 from ..attention.block_sparse import selected_block_indices
-from ._common import check_kernel_runnable, check_key_padding_mask, resolve_backend, tl, triton
+from ._common import check_attention_tensor, check_kernel_runnable, check_key_padding_mask, resolve_backend, tl, triton
 from .block_sparse_attention import (
     _key_valid_tensor,
     block_sparse_attention_reference,
@@ -170,7 +170,7 @@ def block_sparse_decode_triton(
     if validate:
         if q.dim() == 4 and q.shape[2] != 1:
             raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
-        validate_qkv(q, k, v, block_size, q_offset)
+        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_selection(q, k, indices, counts, block_size)
         check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_decode_kernel, q, "block_sparse_decode_triton")
@@ -224,6 +224,13 @@ def block_sparse_decode_triton(
     return (out, lse.unsqueeze(2)) if return_lse else out
 
 
+def _check_single_query(q) -> None:
+    """Decode attends ONE query token per head: ``q`` must be ``(B, H, 1, D)``."""
+    check_attention_tensor("q", q)
+    if q.shape[2] != 1:
+        raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
+
+
 def block_sparse_decode_reference(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -237,6 +244,7 @@ def block_sparse_decode_reference(
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """PyTorch path: the prefill reference with a single query row (which allows any ``q_offset``)."""
+    _check_single_query(q)
     return block_sparse_attention_reference(
         q,
         k,
@@ -265,14 +273,13 @@ def block_sparse_decode(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else reference."""
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
+    _check_single_query(q)
     if resolve_backend(backend, q) == "reference":
         return block_sparse_decode_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset)
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
     indices, valid = selected_block_indices(keep)
-    if q.shape[2] != 1:
-        raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
     return block_sparse_decode_triton(
         q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs
     )
