@@ -304,8 +304,10 @@ def test_new_learning_rate_and_train_steps_reshape_the_schedule(tmp_path):
 
 
 # -- one run per output directory ------------------------------------------------------------------------------
-def test_reused_output_dir_is_refused_and_overwrite_replaces_it(run_copy):
+def test_reused_output_dir_is_refused_and_overwrite_replaces_it(run_copy, tmp_path):
     (run_copy / "notes.txt").write_text("mine")
+    (run_copy / "hf_icl" / "0").mkdir(parents=True)  # the old run's tensorboard logs
+    (run_copy / "hf_icl" / "0" / "events.out.tfevents.1.host").write_bytes(b"old")
     manifest = (step_dir(run_copy, 5) / "manifest.json").read_bytes()
     with pytest.raises(OutputDirError, match="holds another run .*overwrite_output_dir"):
         ICLTrainer(tiny_args(run_copy, train_steps=3)).train()
@@ -313,7 +315,16 @@ def test_reused_output_dir_is_refused_and_overwrite_replaces_it(run_copy):
     with pytest.warns(UserWarning, match="removed the previous run"):
         ICLTrainer(tiny_args(run_copy, train_steps=3, save_every=0, overwrite_output_dir=True)).train()
     assert [p.name for p in (run_copy / "checkpoints").iterdir()] == ["step-00000003"]
-    assert (run_copy / "notes.txt").read_text() == "mine"
+    assert (run_copy / "notes.txt").read_text() == "mine" and not (run_copy / "hf_icl").exists()
+    # only what hf_icl writes is removed: a folder named like the log folder but holding code stays
+    code = tmp_path / "repo"
+    (code / "hf_icl").mkdir(parents=True)
+    (code / "hf_icl" / "module.py").write_text("x = 1")
+    (code / "config.json").write_text("{}")
+    (code / "checkpoints").mkdir()
+    (code / "checkpoints" / "keep.txt").write_text("keep")
+    ICLTrainer(tiny_args(code, train_steps=2, save_every=0, overwrite_output_dir=True)).train()
+    assert (code / "hf_icl" / "module.py").exists() and (code / "checkpoints" / "keep.txt").exists()
     assert json.loads((run_copy / "training_args.json").read_text())["train_steps"] == 3
     with pytest.raises(ValueError, match="overwrite_output_dir"):
         tiny_args(run_copy, overwrite_output_dir=True, resume_from_checkpoint="latest")
@@ -358,3 +369,29 @@ def test_a_stale_lock_is_taken_over_and_the_lock_is_held_during_the_run(tmp_path
         result = Watching(tiny_args(out, train_steps=3)).train()
     assert result.step == 3 and set(Watching.holders) == {os.getpid()}
     assert not (out / LOCK_FILE).exists()
+
+
+# -- random state -------------------------------------------------------------------------------------------
+def test_resume_restores_the_random_state_of_dropout(tmp_path):
+    dropout = dict(model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', train_steps=8, save_every=4)
+    straight = ICLTrainer(tiny_args(tmp_path / "straight", **dropout)).train()
+
+    class Interrupted(ICLTrainer):
+        def _optimizer_step(self, step, generator):
+            if step == 6:
+                raise KeyboardInterrupt
+            return super()._optimizer_step(step, generator)
+
+    with pytest.raises(KeyboardInterrupt):
+        Interrupted(tiny_args(tmp_path / "run", **dropout)).train()
+    shutil.copytree(tmp_path / "run", tmp_path / "no_rng")
+    resumed = ICLTrainer(tiny_args(tmp_path / "run", resume_from_checkpoint="latest", **dropout)).train()
+    assert same_weights(weights(resumed.model), weights(straight.model))
+    # control: without the saved random state, dropout draws other masks and the run ends elsewhere
+    checkpoint = step_dir(tmp_path / "no_rng", 4)
+    for path in checkpoint.glob("rng_state_0.*"):
+        path.unlink()
+    rewrite_manifest(checkpoint)
+    with pytest.warns(UserWarning, match="no random state for process 0"):
+        blind = ICLTrainer(tiny_args(tmp_path / "no_rng", resume_from_checkpoint="latest", **dropout)).train()
+    assert blind.step == 8 and not same_weights(weights(blind.model), weights(straight.model))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import time
@@ -17,10 +18,13 @@ import warnings
 from pathlib import Path
 
 LOCK_FILE = "train.lock"
-#: files and folders a training run writes into its output directory
-RUN_MARKERS = ("checkpoints", "training_args.json", "config.json", "model.safetensors", "model.safetensors.index.json")
-#: what ``overwrite_output_dir`` removes besides the markers (tracker logs, plot, generation config, shards)
-RUN_OUTPUTS = ("hf_icl", "context_scaling.png", "generation_config.json")
+CHECKPOINTS = "checkpoints"
+_CHECKPOINT_ENTRY = re.compile(r"^step-\d+(\.tmp)?$")
+#: files a training run writes into its output directory; any of them (or a checkpoint) marks a run
+RUN_FILES = ("training_args.json", "config.json", "model.safetensors", "model.safetensors.index.json")
+#: what ``overwrite_output_dir`` also removes: the plot, a generation config, weight shards
+RUN_OUTPUTS = ("context_scaling.png", "generation_config.json")
+TRACKER_DIR = "hf_icl"  # accelerate's tensorboard logs: OUTPUT_DIR/<project name>
 MODEL_CARD = "README.md"
 
 
@@ -138,37 +142,50 @@ class RunLock:
         )
 
 
+def _checkpoint_entries(output_dir: Path) -> list[Path]:
+    root = output_dir / CHECKPOINTS
+    return [p for p in root.iterdir() if _CHECKPOINT_ENTRY.match(p.name)] if root.is_dir() else []
+
+
 def existing_run(output_dir: str | Path) -> list[str]:
     """The files and folders in ``output_dir`` that show another run wrote it (empty if none)."""
     output_dir = Path(output_dir)
-    found = []
-    for name in RUN_MARKERS:
-        path = output_dir / name
-        if path.is_dir():
-            if any(path.iterdir()):
-                found.append(name)
-        elif path.exists():
-            found.append(name)
-    return found
+    found = [CHECKPOINTS] if _checkpoint_entries(output_dir) else []
+    return found + [name for name in RUN_FILES if (output_dir / name).exists()]
 
 
 def remove_run(output_dir: str | Path) -> list[str]:
-    """Delete what a previous run wrote into ``output_dir`` (its model card only if hf_icl wrote it);
-    other files are left alone. Returns the names removed."""
+    """Delete what a previous run wrote into ``output_dir``: its checkpoints, weights, arguments, plot,
+    tensorboard logs and model card. Only what hf_icl writes is touched (the model card and the log
+    folder only if they are hf_icl's); other files stay. Returns the names removed."""
     output_dir = Path(output_dir)
     removed = []
-    names = [*RUN_MARKERS, *RUN_OUTPUTS, *(p.name for p in output_dir.glob("model-*-of-*.safetensors"))]
-    for name in names:
-        path = output_dir / name
-        if path.is_dir() and not path.is_symlink():
-            shutil.rmtree(path)
-        elif path.exists() or path.is_symlink():
-            path.unlink()
+    entries = _checkpoint_entries(output_dir)
+    for entry in entries:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
         else:
-            continue
-        removed.append(name)
+            entry.unlink()
+    if entries:
+        removed.append(CHECKPOINTS)
+        if not any((output_dir / CHECKPOINTS).iterdir()):
+            (output_dir / CHECKPOINTS).rmdir()
+    shards = sorted(p.name for p in output_dir.glob("model-*-of-*.safetensors"))
+    for name in [*RUN_FILES, *RUN_OUTPUTS, *shards]:
+        path = output_dir / name
+        if path.is_file() or path.is_symlink():
+            path.unlink()
+            removed.append(name)
+    logs = output_dir / TRACKER_DIR
+    if logs.is_dir() and all(p.is_dir() or _is_tensorboard_file(p.name) for p in logs.rglob("*")):
+        shutil.rmtree(logs)
+        removed.append(TRACKER_DIR)
     card = output_dir / MODEL_CARD
     if card.is_file() and "library_name: hf_icl" in card.read_text(errors="replace"):
         card.unlink()
         removed.append(MODEL_CARD)
     return removed
+
+
+def _is_tensorboard_file(name: str) -> bool:
+    return name.startswith("events.out.tfevents.") or name in ("hparams.yml", "projector_config.pbtxt")
