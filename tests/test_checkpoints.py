@@ -202,6 +202,11 @@ def truncate(path):
     path.write_bytes(data[: len(data) // 2])
 
 
+def rewritten(path, data):
+    path.write_bytes(data)
+    rewrite_manifest(path.parent)
+
+
 def zero_bytes_inside(path):
     data = bytearray(path.read_bytes())
     middle = len(data) // 2
@@ -217,6 +222,9 @@ DAMAGE = [
     ("manifest.json", lambda p: p.unlink(), "manifest.json is missing"),
     ("manifest.json", lambda p: p.write_text('{"format": "hf_icl-checkpoint", '), "manifest.json is not valid JSON"),
     ("manifest.json", lambda p: p.write_text('{"format": "hf_icl-checkpoint", "format_version": 1}'), "manifest.json"),
+    # altered and re-hashed (the manifest matches): still a clear error, never a crash or a silent load
+    ("model.safetensors", lambda p: rewritten(p, b"not safetensors"), "model.safetensors is not a valid safetensors"),
+    ("optimizer.json", lambda p: rewritten(p, b"[]"), "optimizer or scheduler state does not fit"),
 ]
 
 

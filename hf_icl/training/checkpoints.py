@@ -187,8 +187,15 @@ def read_state(directory: Path, name: str, listed: dict[str, Any]) -> Any:
         encoded = json.loads((directory / f"{name}.json").read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise CheckpointError(f"{where} is not valid JSON ({err})") from None
-    tensors = load_file(str(directory / f"{name}.safetensors")) if f"{name}.safetensors" in listed else {}
+    tensors = _load_tensors(directory, f"{name}.safetensors") if f"{name}.safetensors" in listed else {}
     return decode_state(encoded, tensors, where)
+
+
+def _load_tensors(directory: Path, name: str) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(directory / name))
+    except Exception as err:  # safetensors' own error type: the file does not parse
+        raise CheckpointError(f"checkpoint {directory}: {name} is not a valid safetensors file ({err})") from None
 
 
 def read_json(directory: Path, name: str, listed: dict[str, Any]) -> dict[str, Any]:
@@ -259,7 +266,7 @@ def _load_weights(model: torch.nn.Module, directory: Path, listed: dict[str, Any
         raise CheckpointError(f"{where}: required file {WEIGHTS_FILE} is missing from manifest.json")
     loaded: dict[str, torch.Tensor] = {}
     for shard in shards:
-        loaded.update(load_file(str(directory / shard)))
+        loaded.update(_load_tensors(directory, shard))
     own = model.state_dict()
     unexpected = sorted(set(loaded) - set(own))
     if unexpected:
