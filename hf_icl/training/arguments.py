@@ -136,8 +136,32 @@ class ICLTrainingArguments:
                 "overwrite_output_dir=True with resume_from_checkpoint='latest': overwriting would delete the "
                 "checkpoints to resume from; pass one of the two"
             )
-        self.task_kwargs()
-        self.model_kwargs()
+        self._check_task_and_model()
+
+    def _check_task_and_model(self) -> None:
+        """Build the task family and the model config (no weights) these arguments describe, so a bad
+        ``task``, ``task_params``, ``model_type`` or ``model_overrides`` fails now, before any work."""
+        task_params, overrides = self.task_kwargs(), self.model_kwargs()
+        for name, extra, owned in (
+            ("task_params", task_params, ("n_dims", "n_tasks", "pool_seed")),
+            ("model_overrides", overrides, ("n_dims", "n_points", "target_kind")),
+        ):
+            clash = [key for key in owned if key in extra]
+            if clash:
+                where = "it comes from the task" if clash[0] == "target_kind" else f"use --{clash[0]} instead"
+                raise ValueError(
+                    f"{name} must not set {clash[0]} (got {name}={json.dumps(extra)}): {where} "
+                    "(two values would silently disagree)"
+                )
+        from ..data.tasks import get_task
+        from ..modeling import MODEL_CLASSES
+
+        task = get_task(self.task, n_dims=self.n_dims, n_tasks=self.n_tasks, pool_seed=self.pool_seed, **task_params)
+        check_choice("model_type", self.model_type, sorted(MODEL_CLASSES))
+        fields = {"n_dims": self.n_dims, "n_points": self.n_points, "target_kind": task.target_kind, **overrides}
+        if task.target_kind == "categorical":
+            fields.setdefault("n_classes", task.n_classes)
+        MODEL_CLASSES[self.model_type][0].from_preset(self.model_size, **fields)  # unknown fields raise here
 
     def task_kwargs(self) -> dict[str, Any]:
         return _json_object("task_params", self.task_params)
