@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import difflib
 import json
+import os
 import sys
 from pathlib import Path
 
 from .data.tasks import TASK_REGISTRY, get_task
 from .evaluation.baselines import default_baselines, estimator_for_task
+from .validation import check_int
 
 DEFAULT_N_DIMS = 5  # compare's input dimension for families that have no default of their own
 
@@ -39,13 +42,156 @@ def _json_dict(text: str) -> dict:
     return value
 
 
+# -- checks made before any work: each failure is one line on stderr and exit status 2 ------------
+
+
+class CLIError(ValueError):
+    """An expected failure of a command: printed as ``hf-icl <command>: error: ...``, exit status 2."""
+
+
+def _at_least(flag: str, value, low: int) -> None:
+    """An integer option that must be >= ``low``, named as the user typed it (``--n-prompts``)."""
+    if value is not None:
+        check_int(flag, value, low=low)
+
+
+def _existing_file(flag: str, path: str) -> Path:
+    """A file to read: it must exist, be a file and be readable."""
+    target = Path(path).expanduser()
+    if not target.exists():
+        raise CLIError(f"{flag} {path}: no such file")
+    if not target.is_file():
+        raise CLIError(f"{flag} must be a file, got the directory {path}")
+    if not os.access(target, os.R_OK):
+        raise CLIError(f"{flag} {path}: the file is not readable (permission denied)")
+    return target
+
+
+def _writable(flag: str, path: str, *, directory: bool) -> None:
+    """A directory (``directory``) or a file to write: what exists of it must be of that kind, and the
+    deepest existing ancestor a writable directory (missing directories are created)."""
+    target = Path(path).expanduser()
+    kind = "a directory (created if missing)" if directory else "a file path"
+    if target.exists() and target.is_dir() != directory:
+        got = "an existing file" if directory else "an existing directory"
+        raise CLIError(f"{flag} must be {kind}, got {got}: {path}")
+    for ancestor in target.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise CLIError(f"{flag} {path}: {ancestor} is a file, so nothing can be created below it")
+            if not os.access(ancestor, os.W_OK):
+                raise CLIError(f"{flag} {path}: {ancestor} is not writable (permission denied)")
+            break
+
+
+def _device(flag: str, name: str | None):
+    """``name`` as a ``torch.device`` that exists on this machine (None stays None)."""
+    if name is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, ValueError):
+        raise CLIError(f"{flag} must be a torch device such as cpu, cuda or cuda:1, got {name!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no GPU is visible"
+            raise CLIError(f"{flag} {name}: CUDA is not available on this machine ({build}); use --device cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise CLIError(f"{flag} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise CLIError(f"{flag} {name}: MPS is not available on this machine; use --device cpu")
+    elif device.type != "cpu":
+        raise CLIError(f"{flag} must be cpu, cuda, cuda:N or mps, got {name!r}")
+    return device
+
+
+def _hub_offline() -> bool:
+    """Whether Hugging Face Hub access is switched off (HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE)."""
+    for variable in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
+        if os.environ.get(variable, "").strip().upper() in {"1", "ON", "YES", "TRUE"}:
+            return True
+    from huggingface_hub import constants
+
+    return bool(constants.HF_HUB_OFFLINE)
+
+
+def _model_source(flag: str, name: str, *, needs: str | None = "config.json") -> str:
+    """A local model directory (resolved), or a Hub id that can be reached (or is cached); else a ``CLIError``.
+
+    ``needs``: a file a local directory must hold (``None``: any directory, e.g. a tokenizer's).
+    """
+    path = Path(name).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise CLIError(f"{flag} must be a directory written by save_pretrained (or a Hub id), got the file {name}")
+        if needs and not (path / needs).is_file():
+            raise CLIError(f"{flag} {name}: the directory has no {needs}, so it holds no saved model")
+        return str(path.resolve())
+    from huggingface_hub import try_to_load_from_cache
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        raise CLIError(f"{flag} {name}: no such directory (nor a Hub id like 'user/model')") from None
+    if _hub_offline() and not isinstance(try_to_load_from_cache(name, needs or "config.json"), str):
+        raise CLIError(
+            f"{flag} {name!r} is not a local directory, and the Hugging Face Hub cannot be reached in offline "
+            "mode (HF_HUB_OFFLINE=1) nor is it cached; pass the local path of a saved model"
+        )
+    return name
+
+
+def _load_config(flag: str, name: str, source: str):
+    """``AutoConfig.from_pretrained(source)``; a Hub that cannot be reached becomes a ``CLIError``."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source)
+    except OSError as err:
+        if Path(source).exists():
+            raise
+        raise CLIError(
+            f"{flag} {name!r}: could not load it from the Hugging Face Hub ({_one_line(err)}); "
+            "if you are offline, pass the local path of a saved model"
+        ) from None
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split())
+    return text or type(err).__name__
+
+
+def _check_estimator_names(names: list[str] | None) -> None:
+    if names is None:
+        return
+    for name in names:
+        if not name:
+            raise CLIError(f"--estimators must be comma-separated names without empty entries, got {','.join(names)!r}")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise CLIError(f"--estimators must not repeat a name (one curve each), got {repeated[0]!r} twice")
+
+
+def _names(text: str) -> list[str]:
+    """argparse type of --estimators: comma-separated names, stripped."""
+    return [item.strip() for item in text.split(",")]
+
+
 # -- subcommands ---------------------------------------------------------------------------------
 
 
 def run_quickstart(args) -> int:
     from .quickstart import format_report, run_quickstart
 
-    overrides = {"train_steps": args.train_steps} if args.train_steps else {}
+    _at_least("--train-steps", args.train_steps, 1)  # 0 was silently the default run length
+    _at_least("--n-prompts", args.n_prompts, 1)
+    _at_least("--seed", args.seed, 0)
+    _writable("--output-dir", args.output_dir, directory=True)
+    overrides = {"train_steps": args.train_steps} if args.train_steps is not None else {}
     report = run_quickstart(args.output_dir, seed=args.seed, eval_prompts=args.n_prompts, **overrides)
     print(format_report(report))
     return 0 if report.passed else 1
@@ -61,13 +207,48 @@ def run_train(argv: list[str]) -> int:
     known, rest = pre.parse_known_args(argv)
     parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train")
     parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
-    if known.config:
-        parser.set_defaults(**ICLTrainingArguments.from_yaml(known.config).to_dict())
+    if known.config is not None:
+        parser.set_defaults(**_training_yaml(known.config).to_dict())
     args = parser.parse_args_into_dataclasses(rest)[0]  # [1]: the namespace holding --config
+    # ICLTrainingArguments has validated every field, the task and the model config; now the paths
+    _writable("--output_dir", args.output_dir, directory=True)
+    resume = args.resume_from_checkpoint
+    if resume not in (None, "latest") and not Path(resume).expanduser().is_dir():
+        what = "is a file, not a checkpoint directory" if Path(resume).expanduser().exists() else "does not exist"
+        raise CLIError(f"--resume_from_checkpoint {resume} {what} (pass a checkpoint directory or 'latest')")
     result = train(args)
     print(json.dumps(result.final_metrics, indent=2))
     print(f"saved to {result.output_dir}")
     return 0
+
+
+def _training_yaml(path: str):
+    """``ICLTrainingArguments.from_yaml(path)`` with a missing, unreadable or malformed file as one clear line."""
+    import yaml
+
+    from .training import ICLTrainingArguments
+
+    _existing_file("--config", path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            values = yaml.safe_load(handle)
+        if isinstance(values, dict):
+            known = [f.name for f in dataclasses.fields(ICLTrainingArguments)]
+            for key in values:
+                if key not in known:
+                    close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
+                    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                    raise CLIError(
+                        f"--config {path}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)"
+                    )
+        return ICLTrainingArguments.from_yaml(path)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or _one_line(err)
+        raise CLIError(f"--config {path}: not valid YAML ({problem}{where})") from None
+    except UnicodeDecodeError:
+        raise CLIError(f"--config {path}: not a text (UTF-8) YAML file") from None
 
 
 def run_evaluate(args) -> int:
@@ -75,22 +256,50 @@ def run_evaluate(args) -> int:
 
     from .data.tasks import make_task
     from .evaluation import evaluate_context_scaling, ood_task
+    from .modeling import MODEL_CLASSES
     from .training import ICLTrainingArguments
     from .training.trainer import TRAINING_ARGS_FILE, build_task
 
-    model = AutoModel.from_pretrained(args.model)
+    # every check runs before the model's weights load
+    _at_least("--n-prompts", args.n_prompts, 1)
+    _at_least("--seed", args.seed, 0)
+    if args.task_params and not args.task:
+        raise CLIError(
+            f"--task-params {json.dumps(args.task_params)} needs --task (without --task the model's training task "
+            "is used with the parameters it was trained with)"
+        )
+    if "n_dims" in args.task_params:
+        raise CLIError("--task-params must not set n_dims: the model's input dimension (config.n_dims) is used")
+    _check_estimator_names(args.estimators)
+    if args.plot:
+        _writable("--plot", args.plot, directory=False)
+    device = _device("--device", args.device)
+    source = _model_source("--model", args.model)
+    config = _load_config("--model", args.model, source)
+    if config.model_type not in MODEL_CLASSES:
+        raise CLIError(
+            f"--model {args.model} holds a {config.model_type!r} model ({type(config).__name__}); hf-icl evaluate "
+            f"needs an hf_icl ICL model (model_type one of {sorted(MODEL_CLASSES)}), e.g. the output of hf-icl train"
+        )
     if args.task:
-        family = get_task(args.task, n_dims=model.config.n_dims, **args.task_params)
+        family = get_task(args.task, n_dims=config.n_dims, **args.task_params)
     else:
-        saved = Path(args.model) / TRAINING_ARGS_FILE
-        if not saved.exists():
-            raise ValueError(f"--task is required: {saved} (written by hf-icl train) is missing")
-        trained = ICLTrainingArguments(**json.loads(saved.read_text()))
+        saved = Path(source) / TRAINING_ARGS_FILE
+        if not saved.is_file():
+            raise CLIError(f"--task is required: {saved} (written by hf-icl train) is missing")
+        try:
+            trained = ICLTrainingArguments(**json.loads(saved.read_text()))
+        except TypeError as err:  # a field this version does not have
+            raise CLIError(f"{saved} cannot be read by this version of hf_icl ({err}); pass --task") from None
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
     if args.ood:
         family = ood_task(family, args.ood)
-    predictors = {model.config.model_type: model, **_estimators(args.estimators, family)}
-    result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=args.device)
+    predictors = _estimators(args.estimators, family)
+    model = AutoModel.from_pretrained(source)
+    if device is not None:
+        model.to(device)  # --device runs the model (and the estimators) there
+    predictors = {model.config.model_type: model, **predictors}
+    result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=device)
     _print_context_scaling(result, family, args)
     return 0
 
@@ -98,7 +307,16 @@ def run_evaluate(args) -> int:
 def run_compare(args) -> int:
     from .evaluation import evaluate_context_scaling
 
+    _at_least("--n-prompts", args.n_prompts, 1)
+    _at_least("--n-points", args.n_points, 1)
+    _at_least("--n-dims", args.n_dims, 1)
+    _at_least("--seed", args.seed, 0)
+    _check_estimator_names(args.estimators)
+    if args.plot:
+        _writable("--plot", args.plot, directory=False)
     params = dict(args.task_params)
+    if "n_dims" in params:  # it was silently replaced by --n-dims or the default d
+        raise CLIError(f"--task-params must not set n_dims (got {json.dumps(args.task_params)}): use --n-dims")
     if args.n_dims is not None:
         params["n_dims"] = args.n_dims
     elif _requires_n_dims(args.task):
@@ -166,6 +384,22 @@ def run_tasks(args) -> int:
 def run_dataset(args) -> int:
     from .data.builders import ICLTasks
 
+    for flag, value in (("--n-train", args.n_train), ("--n-validation", args.n_validation), ("--n-test", args.n_test)):
+        _at_least(flag, value, 0)
+    if not (args.n_train or args.n_validation or args.n_test):
+        raise CLIError("--n-train, --n-validation and --n-test are all 0: at least one split must hold prompts")
+    for flag, value in (("--n-dims", args.n_dims), ("--n-points", args.n_points), ("--n-tasks", args.n_tasks)):
+        _at_least(flag, value, 1)
+    _at_least("--seed", args.seed, 0)
+    if args.cache_dir:
+        _writable("--cache-dir", args.cache_dir, directory=True)
+    if args.save_to_disk:
+        _writable("--save-to-disk", args.save_to_disk, directory=True)
+    if args.push_to_hub and _hub_offline():
+        raise CLIError(
+            f"--push-to-hub {args.push_to_hub}: the Hugging Face Hub cannot be reached in offline mode "
+            "(HF_HUB_OFFLINE=1); use --save-to-disk"
+        )
     overrides = {
         key: value
         for key, value in {
@@ -207,10 +441,9 @@ def _csv(kind, name: str):
 
 
 def run_niah_command(args) -> int:
-    import os
-
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
     from .attention.cab import CABParams, config_field
     from .data.niah import NeedleInAHaystackConfig, load_tokenizer
@@ -221,8 +454,25 @@ def run_niah_command(args) -> int:
     knobs = {name: getattr(args, name) for name in ("lam", "sink_blocks", "magnitude_fraction")}
     knobs = {name: value for name, value in knobs.items() if value is not None}
     CABParams(**knobs)  # validates them (the errors name the cab_* field)
-    model_path = str(Path(args.model).resolve()) if os.path.exists(args.model) else args.model
-    tokenizer = load_tokenizer(args.tokenizer or model_path)
+    check_int("--block-size", args.block_size, low=16, high=128)
+    if args.block_size & (args.block_size - 1):
+        raise CLIError(f"--block-size must be a power of two in [16, 128], got {args.block_size}")
+    _at_least("--samples", args.samples, 1)
+    _at_least("--seed", args.seed, 0)
+    _at_least("--preservation-queries", args.preservation_queries, 1)
+    if args.haystack != "filler":
+        _existing_file("--haystack", args.haystack)
+    _writable("--output-dir", args.output_dir, directory=True)
+    device = _device("--device", args.device)
+    model_path = _model_source("--model", args.model)
+    config = _load_config("--model", args.model, model_path)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise CLIError(
+            f"--model {args.model} holds a {config.model_type!r} model ({type(config).__name__}), which is no causal "
+            "language model; hf-icl niah needs one that AutoModelForCausalLM loads (e.g. GPT-2, Llama)"
+        )
+    tokenizer_path = model_path if args.tokenizer is None else _model_source("--tokenizer", args.tokenizer, needs=None)
+    tokenizer = load_tokenizer(tokenizer_path)
     grid = {
         "context_lengths": args.lengths,
         "depths": args.depths,
@@ -231,7 +481,7 @@ def run_niah_command(args) -> int:
         "seed": args.seed,
     }
     NeedleInAHaystackConfig(tokenizer=tokenizer, **grid)  # validates the grid (lengths, depths, ...)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=args.dtype, attn_implementation="sdpa")
     model.to(device).eval()
     for name, value in knobs.items():  # CAB's other hyperparameters live on the config, as enable_cab stores them
@@ -305,7 +555,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--ood", default=None, help="distribution shift: scaled_x, scaled_y, skewed_covariance, ...")
     ev.add_argument(
         "--estimators",
-        type=lambda s: s.split(","),
+        type=_names,
         default=None,
         help="comma-separated baselines (default: the task's, e.g. least_squares,averaging,knn)",
     )
@@ -330,7 +580,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     quick.add_argument(
         "--estimators",
-        type=lambda s: s.split(","),
+        type=_names,
         default=None,
         help="comma-separated (default: the task's baselines, as in hf-icl evaluate)",
     )
@@ -418,8 +668,8 @@ def main(argv=None) -> int:
             return run_bench(argv[1:])
         args = build_parser().parse_args(argv)
         return args.run(args)
-    except ValueError as err:  # configuration errors: one clear line, not a traceback
-        print(f"hf-icl {command}: error: {err}", file=sys.stderr)
+    except (ValueError, OSError) as err:  # user errors (bad values, missing files, no Hub): one line, no traceback
+        print(f"hf-icl {command}: error: {_one_line(err)}", file=sys.stderr)
         return 2
 
 
