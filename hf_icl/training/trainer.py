@@ -265,7 +265,7 @@ class ICLTrainer:
             last = micro == args.gradient_accumulation_steps - 1
             sync = accelerator.no_sync(self.model) if not last else nullcontext()
             with sync, accelerator.autocast():
-                loss = self.model(xs, ys).loss / args.gradient_accumulation_steps
+                loss = self.model(xs, ys, check_inputs=False).loss / args.gradient_accumulation_steps
             accelerator.backward(loss)
             total += loss.detach()
         mean_loss = accelerator.reduce(total, reduction="mean").item()
