@@ -26,12 +26,13 @@ def check_prompt(
     target_kind: str = "regression",
     n_classes: int | None = None,
     check_values: bool = True,
+    device: torch.device | None = None,
 ) -> None:
     """Raise a clear ``ValueError`` unless ``xs (B, N, n_dims)`` and ``ys (B, N)`` form a valid prompt batch.
 
     Always checked (free: no device sync): both are tensors on one device, ``xs`` has a floating-point
     dtype and shape ``(B, N, n_dims)`` with ``B, N >= 1`` (and ``N <= max_points``), ``ys`` has shape
-    ``(B, N)`` and a real dtype (bool and complex are refused).
+    ``(B, N)`` and a real dtype (bool and complex are refused), and they are on ``device`` (the model's) if given.
 
     With ``check_values`` (one fused reduction and ONE device sync) the values too: ``xs`` finite, and ``ys``
     finite real targets (``"regression"``), exactly ±1 (``"binary"``), or class ids, i.e. integers (an integer
@@ -59,6 +60,8 @@ def check_prompt(
         raise ValueError(f"ys must have shape {tuple(xs.shape[:2])} to match xs, got {tuple(ys.shape)}")
     if ys.device != xs.device:
         raise ValueError(f"xs and ys must be on the same device, got xs on {xs.device} and ys on {ys.device}")
+    if device is not None and xs.device != device:
+        raise ValueError(f"xs and ys must be on the model's device {device}, got {xs.device}; move them with .to()")
     if max_points is not None and xs.shape[1] > max_points:
         raise ValueError(f"prompts have {xs.shape[1]} points but the model supports at most n_points={max_points}")
     if target_kind == "categorical" and n_classes is None:

@@ -75,13 +75,9 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
             target_kind=config.target_kind,
             n_classes=config.n_classes,
             check_values=check_inputs,
+            device=self.read_in.weight.device,
         )
         check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
-        if xs.device != self.read_in.weight.device:
-            raise ValueError(
-                f"xs and ys must be on the model's device {self.read_in.weight.device}, got {xs.device}; "
-                "move them with .to(model.device)"
-            )
         labels = encode_labels(ys, self.config.target_kind, self.config.n_classes)
         embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
         out = self.backbone(
