@@ -2,8 +2,10 @@
 
 from transformers import AutoConfig, AutoModel
 
+from .config_fields import check_config_kwargs
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
+from .prompts import check_forward_kwargs, check_prompt
 
 #: model_type -> (config class, predicting model class)
 MODEL_CLASSES = {GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression)}
