@@ -86,26 +86,12 @@ def _writable(flag: str, path: str, *, directory: bool) -> None:
 
 def _device(flag: str, name: str | None):
     """``name`` as a ``torch.device`` that exists on this machine (None stays None)."""
-    if name is None:
-        return None
-    import torch
+    from .validation import check_device
 
     try:
-        device = torch.device(name)
-    except (RuntimeError, ValueError):
-        raise CLIError(f"{flag} must be a torch device such as cpu, cuda or cuda:1, got {name!r}") from None
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            build = "a CPU-only torch build" if torch.version.cuda is None else "no GPU is visible"
-            raise CLIError(f"{flag} {name}: CUDA is not available on this machine ({build}); use --device cpu")
-        if device.index is not None and device.index >= torch.cuda.device_count():
-            raise CLIError(f"{flag} {name}: there are only {torch.cuda.device_count()} CUDA device(s)")
-    elif device.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise CLIError(f"{flag} {name}: MPS is not available on this machine; use --device cpu")
-    elif device.type != "cpu":
-        raise CLIError(f"{flag} must be cpu, cuda, cuda:N or mps, got {name!r}")
-    return device
+        return check_device(flag, name)
+    except ValueError as err:
+        raise CLIError(str(err)) from None
 
 
 def _hub_offline() -> bool:
@@ -217,8 +203,11 @@ def run_train(argv: list[str]) -> int:
         what = "is a file, not a checkpoint directory" if Path(resume).expanduser().exists() else "does not exist"
         raise CLIError(f"--resume_from_checkpoint {resume} {what} (pass a checkpoint directory or 'latest')")
     result = train(args)
-    print(json.dumps(result.final_metrics, indent=2))
-    print(f"saved to {result.output_dir}")
+    from accelerate import PartialState
+
+    if PartialState().is_main_process:  # under accelerate launch, one report, not one per rank
+        print(json.dumps(result.final_metrics, indent=2))
+        print(f"saved to {result.output_dir}")
     return 0
 
 

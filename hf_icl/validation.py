@@ -63,6 +63,31 @@ def check_range(name: str, value: Any, *, low: float | None = None) -> tuple[flo
     return lo, hi
 
 
+def check_device(name: str, value: Any):
+    """``value`` as a ``torch.device`` that exists on this machine (None stays None): a CUDA device
+    needs CUDA (and that index), MPS needs MPS; raise ``ValueError`` otherwise."""
+    if value is None:
+        return None
+    import torch
+
+    try:
+        device = torch.device(value)
+    except (RuntimeError, ValueError, TypeError):
+        raise ValueError(f"{name} must be a torch device such as cpu, cuda or cuda:1, got {value!r}") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only torch build" if torch.version.cuda is None else "no GPU is visible"
+            raise ValueError(f"{name} {value}: CUDA is not available on this machine ({build}); use cpu")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"{name} {value}: there are only {torch.cuda.device_count()} CUDA device(s)")
+    elif device.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{name} {value}: MPS is not available on this machine; use cpu")
+    elif device.type != "cpu":
+        raise ValueError(f"{name} must be cpu, cuda, cuda:N or mps, got {value!r}")
+    return device
+
+
 def _interval(low, high, low_inclusive: bool = True) -> str:
     left = "(-inf" if low is None else ("[" if low_inclusive else "(") + str(low)
     right = "+inf)" if high is None else f"{high}]"

@@ -486,6 +486,16 @@ TASK_ROWS = [
 
 EVALUATION_ROWS = [
     row(
+        "ecs-device-missing",
+        lambda: evaluate_context_scaling(LS, LINEAR, n_prompts=5, n_points=4, device="cuda:7"),
+        ["device", "cuda:7", "use cpu"],
+    ),
+    row(
+        "ecs-device-name",
+        lambda: evaluate_context_scaling(LS, LINEAR, n_prompts=5, n_points=4, device="banana"),
+        ["device", "'banana'", "cpu, cuda"],
+    ),
+    row(
         "ecs-n-prompts",
         lambda: evaluate_context_scaling(LS, LINEAR, n_prompts=-5, n_points=4),
         ["n_prompts", "-5", "[1, +inf)"],

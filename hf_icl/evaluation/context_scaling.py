@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from ..data.tasks import TaskFamily, make_task
-from ..validation import check_int
+from ..validation import check_device, check_int
 from .bootstrap import band_from_indices, bootstrap_indices, check_confidence
 from .metrics import PositionMetric, metric_for_task
 from .plotting import BASELINE_STYLES, draw_band_curve, finish_axes, new_axes, save_figure
@@ -170,6 +170,7 @@ def evaluate_context_scaling(
     predictors = check_predictors(models_and_estimators, reserved=(TRIVIAL,))
     family = make_task(task)
     check_int("n_prompts", n_prompts, low=1)
+    device = check_device("device", device)
     confidence = check_confidence(confidence)
     n_points = resolve_n_points(predictors, n_points)
     check_target_kinds(predictors, family.target_kind)
