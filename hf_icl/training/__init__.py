@@ -2,8 +2,8 @@
 
 from .arguments import ICLTrainingArguments
 from .checkpoints import latest_checkpoint
-from .manifest import CheckpointError
 from .curriculum import Curriculum, Schedule
+from .manifest import CheckpointError
 from .model_card import write_model_card
 from .run_lock import OutputDirError
 from .trainer import ICLTrainer, TrainingDivergedError, TrainingResult, train
