@@ -312,6 +312,21 @@ ESTIMATOR_ROWS = [
     row("ridge-lam-nan", lambda: get_estimator("ridge", lam=float("nan")), ["lam", "nan", "finite"]),
     row("kernel-ridge-kernel", lambda: get_estimator("kernel_ridge", kernel="poly"), ["kernel", "poly", "rbf"]),
     row(
+        "kernel-ridge-linear-bandwidth",
+        lambda: get_estimator("kernel_ridge", kernel="linear", bandwidth=2.0),
+        ["bandwidth", "2.0", "kernel='linear'"],
+    ),
+    row(
+        "nw-hilbert-bandwidth",
+        lambda: get_estimator("nadaraya_watson", kernel="hilbert", bandwidth=0.5),
+        ["bandwidth", "0.5", "kernel='hilbert'"],
+    ),
+    row(
+        "two-layer-nn-diverges",
+        lambda: get_estimator("two_layer_nn", hidden=4, steps=30, lr=1e30)(*LINEAR.sample(2, 5, seed=0)),
+        ["two_layer_nn diverged", "lr=1e+30", "smaller lr"],
+    ),
+    row(
         "kernel-ridge-bandwidth",
         lambda: get_estimator("kernel_ridge", bandwidth=-1.0),
         ["bandwidth", "-1.0", "(0.0, +inf)"],

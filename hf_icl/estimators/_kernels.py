@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..validation import check_float
+
 KERNELS = ("rbf", "linear")
 
 
@@ -26,3 +28,15 @@ def gram_matrix(xs: torch.Tensor, kernel: str, bandwidth: float = 1.0) -> torch.
     if kernel == "rbf":
         return torch.exp(-pairwise_distances(xs).square() / (2 * bandwidth**2))
     raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
+
+
+def check_bandwidth(bandwidth, kernel: str, *, uses_bandwidth: bool) -> float:
+    """The bandwidth of ``kernel`` (1 when not given), or a ``ValueError`` for a bad one, or for one
+    given to a kernel that has none (it would be silently ignored)."""
+    if not uses_bandwidth:
+        if bandwidth is not None:
+            raise ValueError(
+                f"bandwidth does not apply to kernel={kernel!r} (it has none), got bandwidth={bandwidth!r}"
+            )
+        return 1.0
+    return check_float("bandwidth", 1.0 if bandwidth is None else bandwidth, low=0.0, low_inclusive=False)

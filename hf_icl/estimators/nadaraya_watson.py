@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..validation import check_choice, check_float
-from ._kernels import pairwise_distances
+from ..validation import check_choice
+from ._kernels import check_bandwidth, pairwise_distances
 from ._prefix import earlier_mask, to_working
 from .base import InContextEstimator
 
@@ -29,12 +29,13 @@ class NadarayaWatson(InContextEstimator):
 
     Args:
         kernel: one of ``"exp"``, ``"softmax"``, ``"rbf"``, ``"hilbert"``.
-        bandwidth: temperature (exp/softmax) or length scale (rbf), > 0; ignored by hilbert.
+        bandwidth: temperature (exp/softmax) or length scale (rbf), > 0 (default 1); the Hilbert
+            kernel has none, so passing one with it is an error rather than silently ignored.
     """
 
-    def __init__(self, kernel: str = "rbf", bandwidth: float = 1.0):
+    def __init__(self, kernel: str = "rbf", bandwidth: float | None = None):
         self.kernel = check_choice("kernel", kernel, NW_KERNELS)
-        self.bandwidth = check_float("bandwidth", bandwidth, low=0.0, low_inclusive=False)
+        self.bandwidth = check_bandwidth(bandwidth, kernel, uses_bandwidth=kernel != "hilbert")
         scale = "" if kernel == "hilbert" else f", {'τ' if kernel in ('exp', 'softmax') else 'h'}={self.bandwidth:g}"
         self.name = f"nadaraya_watson({kernel}{scale})"
 

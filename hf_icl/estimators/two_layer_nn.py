@@ -54,6 +54,11 @@ class TwoLayerNN(InContextEstimator):
                 optimizer.step()
         with torch.no_grad():
             preds = _forward(params, xs).diagonal(dim1=-2, dim2=-1)  # net i at its own x_i
+        if not torch.isfinite(preds).all():
+            raise ValueError(
+                f"two_layer_nn diverged: Adam with lr={self.lr:g} for {self.steps} steps made some networks' "
+                "predictions non-finite; use a smaller lr"
+            )
         return torch.where(prefix_counts(n_points, xs) > 0, preds, 0.0)
 
     def _initial_parameters(self, xs: torch.Tensor) -> list[torch.Tensor]:
