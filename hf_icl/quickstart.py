@@ -40,6 +40,7 @@ QUICKSTART_RUN = dict(
     eval_prompts=1280,
     save_every=1000,
     report_to="tensorboard",
+    overwrite_output_dir=True,  # `make quickstart` twice replaces its own earlier run
 )
 
 
