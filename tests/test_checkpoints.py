@@ -12,6 +12,8 @@ import sys
 import pytest
 import torch
 from safetensors.torch import load_file
+from training_helpers import tiny_args as shared_tiny_args
+from training_helpers import weights
 from transformers import AutoModel, get_scheduler
 
 import hf_icl  # noqa: F401  (registers the architectures with the Auto classes)
@@ -23,27 +25,7 @@ from hf_icl.training.trainer import build_task
 
 
 def tiny_args(output_dir, **kw) -> ICLTrainingArguments:
-    values = dict(
-        n_dims=3,
-        n_points=6,
-        model_size="tiny",
-        train_steps=10,
-        batch_size=8,
-        learning_rate=3e-3,
-        eval_every=0,
-        eval_prompts=32,
-        save_every=5,
-        logging_every=1,
-        report_to="none",
-        progress_bar=False,
-        output_dir=str(output_dir),
-    )
-    values.update(kw)
-    return ICLTrainingArguments(**values)
-
-
-def weights(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return shared_tiny_args(output_dir, **{"logging_every": 1, **kw})
 
 
 def same_weights(a, b) -> bool:

@@ -4,12 +4,13 @@ model card report the same number for the same model and prompts."""
 import re
 
 import torch
+from training_helpers import tiny_args
 from transformers import AutoModel
 
 from hf_icl.cli import main
 from hf_icl.data.tasks import get_task
 from hf_icl.evaluation import evaluate_context_scaling, metric_for_task
-from hf_icl.training import ICLTrainingArguments, train
+from hf_icl.training import train
 from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
 
@@ -17,20 +18,16 @@ def test_last_position_error_is_the_same_number_everywhere(tmp_path, capsys):
     # Decision trees have unit-variance leaves: their normaliser is 1, not d = 4, so a report that
     # divided by d somewhere (the model card once said 0.114 beside a table reading 0.456) shows up.
     out = tmp_path / "tree"
-    args = ICLTrainingArguments(
+    args = tiny_args(
+        out,
         task="decision_tree",
         task_params='{"depth": 2}',
         n_dims=4,
         n_points=8,
-        model_size="tiny",
         train_steps=6,
-        batch_size=8,
         eval_every=3,
         eval_prompts=48,
         save_every=0,
-        report_to="none",
-        progress_bar=False,
-        output_dir=str(out),
     )
     result = train(args)
     family = get_task("decision_tree", n_dims=4, depth=2)

@@ -12,6 +12,7 @@ import pytest
 import torch
 from accelerate.state import AcceleratorState
 from safetensors.torch import load_file
+from training_helpers import tiny_args, weights
 from transformers import AutoModel, get_scheduler
 
 from hf_icl.training import Curriculum, ICLTrainer, ICLTrainingArguments, TrainingDivergedError, latest_checkpoint
@@ -19,30 +20,11 @@ from hf_icl.training.trainer import build_task, step_seed
 
 
 def small_args(tmp_path, **kw) -> ICLTrainingArguments:
-    values = dict(
-        n_dims=3,
-        n_points=6,
-        model_size="tiny",
-        train_steps=20,
-        batch_size=8,
-        learning_rate=3e-3,
-        curriculum_dims_start=2,
-        curriculum_dims_interval=5,
-        curriculum_points_start=4,
-        curriculum_points_interval=5,
-        eval_every=10,
-        eval_prompts=32,
-        save_every=10,
-        report_to="none",
-        progress_bar=False,
-        output_dir=str(tmp_path / "run"),
+    """20 steps with a curriculum over dims (2 → 3) and points (4 → 6), evaluated and saved every 10."""
+    curriculum = dict(
+        curriculum_dims_start=2, curriculum_dims_interval=5, curriculum_points_start=4, curriculum_points_interval=5
     )
-    values.update(kw)
-    return ICLTrainingArguments(**values)
-
-
-def weights(model) -> dict[str, torch.Tensor]:
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return tiny_args(tmp_path / "run", **{"train_steps": 20, "eval_every": 10, "save_every": 10, **curriculum, **kw})
 
 
 def test_curriculum_follows_garg_schedule():
