@@ -4,7 +4,7 @@ Importing this package registers ``"cab"`` with ``transformers.AttentionInterfac
 ``AttentionMaskInterface``; :func:`enable_cab` switches a model to it.
 """
 
-from .block_sparse import block_sparse_attention, dense_masked_attention, selected_block_indices
+from ..kernels.block_sparse_reference import block_sparse_attention, dense_masked_attention, selected_block_indices
 from .cab import CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
 from .selection import (
     SELECTION_POLICIES,

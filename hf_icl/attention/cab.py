@@ -32,9 +32,9 @@ from ..kernels._common import BACKENDS, resolve_backend
 from ..kernels.block_sparse_attention import HEAD_DIMS, expand_kv
 from ..kernels.block_sparse_backward import block_sparse_flash_attention
 from ..kernels.block_sparse_decode import block_sparse_decode
+from ..kernels.block_sparse_reference import block_sparse_attention
 from ..kernels.coarsen import coarsen_max_l2
 from ..validation import check_choice, check_float, check_int
-from .block_sparse import block_sparse_attention
 from .selection import (
     SELECTION_POLICIES,
     block_scores,

@@ -31,9 +31,9 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 
-from hf_icl.attention.block_sparse import block_sparse_attention, selected_block_indices
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
+from hf_icl.kernels.block_sparse_reference import block_sparse_attention, selected_block_indices
 from hf_icl.kernels.coarsen import coarsen_max_l2
 
 from .timing import emit_markdown, median_seconds

@@ -44,10 +44,10 @@ from typing import Any
 
 import torch
 
-from ..attention.block_sparse import token_mask
 from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, select_cab_blocks
 from ..attention.selection import attention_preservation
 from ..kernels.block_sparse_attention import expand_kv
+from ..kernels.block_sparse_reference import token_mask
 from ..validation import check_choice, check_float, check_int
 
 __all__ = [

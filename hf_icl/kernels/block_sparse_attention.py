@@ -5,7 +5,7 @@ Each query block of ``block_size`` rows attends to the key blocks listed for it 
 streams the selected key / value tiles, keeping a running row max ``m``, a running sum ``l`` and a rescaled fp32
 accumulator, and finally writes ``acc / l`` in the input dtype (optionally also ``lse = m + log(l)`` in fp32).
 
-Rules shared with the PyTorch reference (:func:`hf_icl.attention.block_sparse.block_sparse_attention`):
+Rules shared with the PyTorch reference (:func:`hf_icl.kernels.block_sparse_reference.block_sparse_attention`):
 
 * query block ``i`` covers absolute positions ``q_offset + i * block_size ...``; ``q_offset`` is a multiple of
   ``block_size`` unless ``Nq == 1`` (decode, any offset);
@@ -29,7 +29,6 @@ import math
 
 import torch
 
-from ..attention.block_sparse import block_sparse_attention, selected_block_indices, token_mask
 from ._common import (
     BACKENDS,
     SUPPORTED_DTYPES,
@@ -43,6 +42,7 @@ from ._common import (
     tl,
     triton,
 )
+from .block_sparse_reference import block_sparse_attention, selected_block_indices, token_mask
 
 __all__ = [
     "BACKENDS",
@@ -279,7 +279,7 @@ def block_sparse_attention_triton(
 
     Args:
         indices: ``(B, H, Mq, K)`` int32 / int64 key-block ids per query block, ascending; the first
-            ``counts[b, h, i]`` are used (see :func:`hf_icl.attention.block_sparse.selected_block_indices`).
+            ``counts[b, h, i]`` are used (see :func:`hf_icl.kernels.block_sparse_reference.selected_block_indices`).
         counts: ``(B, H, Mq)`` number of valid ids per query block, in ``[1, K]``.
         block_size: tokens per block (16, 32, 64 or 128), for queries and keys alike.
         scaling: softmax scale applied to ``q @ k^T``.
@@ -287,7 +287,7 @@ def block_sparse_attention_triton(
         return_lse: also return the float32 log-sum-exp ``(B, H, Nq)`` of the scaled, masked scores.
         key_padding_mask: optional bool ``(B, Nk)``, False for padded keys (masked for every query).
         validate: check the inputs first; ``False`` skips the checks and their device syncs, for selections made by
-            :func:`~hf_icl.attention.block_sparse.selected_block_indices` (valid by construction).
+            :func:`~hf_icl.kernels.block_sparse_reference.selected_block_indices` (valid by construction).
 
     Returns the ``(B, H, Nq, D)`` output in the input dtype (contiguous), and ``lse`` if asked. Runs on CUDA
     tensors, or on CPU tensors under ``TRITON_INTERPRET=1``; strided inputs are read in place.
@@ -405,7 +405,7 @@ def block_sparse_attention_reference(
     return_lse: bool = False,
     key_padding_mask: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """PyTorch path: :func:`hf_icl.attention.block_sparse.block_sparse_attention`, plus a dense masked lse."""
+    """PyTorch path: :func:`hf_icl.kernels.block_sparse_reference.block_sparse_attention`, plus a dense masked lse."""
     validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)

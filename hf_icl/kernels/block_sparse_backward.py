@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from ..attention.block_sparse import selected_block_indices
 from ._common import check_kernel_runnable, check_key_padding_mask, is_interpreted, resolve_backend, tl, triton
 from .block_sparse_attention import (
     _key_valid_tensor,
@@ -31,6 +30,7 @@ from .block_sparse_attention import (
     validate_keep,
     validate_qkv,
 )
+from .block_sparse_reference import selected_block_indices
 
 __all__ = ["block_sparse_attention_backward_triton", "block_sparse_flash_attention"]
 

@@ -17,7 +17,6 @@ import math
 
 import torch
 
-from ..attention.block_sparse import selected_block_indices
 from ._common import check_attention_tensor, check_kernel_runnable, check_key_padding_mask, resolve_backend, tl, triton
 from .block_sparse_attention import (
     _key_valid_tensor,
@@ -26,6 +25,7 @@ from .block_sparse_attention import (
     validate_qkv,
     validate_selection,
 )
+from .block_sparse_reference import selected_block_indices
 
 __all__ = ["block_sparse_decode", "block_sparse_decode_reference", "block_sparse_decode_triton", "plan_splits"]
 

@@ -1,0 +1,192 @@
+"""Exact softmax attention over selected key blocks, in PyTorch (autograd-capable).
+
+Each query block attends only to the key blocks its row of ``keep`` selects: those blocks are
+gathered, so the work is ``O(selected blocks)``, not ``O(N²)``. Token-level causality (inside
+the diagonal block) and an optional boolean attention mask are applied within the gathered
+blocks. This is the CPU / reference execution; the Triton kernel of the next stage must match it.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..validation import check_scaling
+
+
+def selected_block_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, H, Mq, Mk)`` bool → indices ``(B, H, Mq, K)`` of the kept key blocks (ascending) and a
+    validity mask ``(B, H, Mq, K)``, K being the largest number kept by any row."""
+    counts = keep.sum(-1)
+    width = max(int(counts.max()), 1)
+    n_k = keep.shape[-1]
+    # kept blocks sort first, in ascending block order: key = index for kept, index + Mk otherwise
+    order = torch.arange(n_k, device=keep.device) + n_k * (~keep).long()
+    indices = order.topk(width, dim=-1, largest=False).values % n_k
+    valid = torch.arange(width, device=keep.device) < counts.unsqueeze(-1)
+    return indices, valid
+
+
+def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """``(B, H, N, D)`` → ``(B, H, M, bs, D)``, zero-padding the last block."""
+    pad = -x.shape[2] % block_size
+    x = F.pad(x, (0, 0, 0, pad))
+    return x.unflatten(2, (x.shape[2] // block_size, block_size))
+
+
+def block_sparse_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention of ``query (B, H, Nq, D)`` over the kept blocks of ``key``/``value (B, H, Nk, D)``.
+
+    Args:
+        keep: ``(B, H, Mq, Mk)`` bool block selection (query blocks of the Nq queries, which start
+            at absolute position ``q_offset``; ``q_offset`` must be a multiple of ``block_size``
+            unless Nq == 1).
+        attention_mask: optional bool ``(B, 1 or H, Nq, Nk)``, True where attention is allowed
+            (padding); applied on top of causality and the block selection.
+        dropout: dropout probability on the attention weights (pass 0 at evaluation).
+
+    Returns ``(B, H, Nq, D)`` in the query dtype. A query that can see no key at all (a padded
+    position) gets zeros, never NaN.
+    """
+    _check_arguments(query, key, value, keep, block_size, scaling, q_offset, attention_mask, dropout)
+    batch, heads, n_q, dim = query.shape
+    indices, valid = selected_block_indices(keep)  # (B, H, Mq, K)
+    n_k_blocks = keep.shape[-1]
+    # Unused slots point one block past the keys: wholly in every query's future, so they are masked
+    # like the rest of the future (and like the padding of a partial last block, beyond Nk).
+    indices = indices.masked_fill(~valid, n_k_blocks)
+    # fewer queries than a block (decode): one query block of just those rows, not padded to block_size
+    q_rows = min(block_size, n_q)
+    q_blocks = _blocks(query, q_rows)  # (B, H, Mq, q_rows, D)
+    n_q_blocks = q_blocks.shape[2]
+    n_k = key.shape[2]
+    q_pos = q_offset + torch.arange(n_q_blocks * q_rows, device=query.device).view(n_q_blocks, q_rows, 1)
+    k_pos = (indices.unsqueeze(-1) * block_size + torch.arange(block_size, device=query.device)).flatten(-2)
+    # the selected keys' rows of the (B·H·Nk, D) tensor: gathering them reads only the selected blocks,
+    # where padding K and V to whole blocks first would copy the entire cache at every decode step
+    heads_offset = torch.arange(batch * heads, device=query.device).view(batch, heads, 1, 1) * n_k
+    rows = (heads_offset + k_pos.clamp(max=n_k - 1)).flatten()
+
+    def gathered(x):  # (B, H, Nk, D) → (B, H, Mq, K·bs, D)
+        return x.reshape(-1, dim).index_select(0, rows).view(batch, heads, n_q_blocks, -1, dim)
+
+    allowed = (k_pos.unsqueeze(-2) <= q_pos) & (k_pos < n_k).unsqueeze(-2)  # (B, H, Mq, q_rows, K·bs)
+    if attention_mask is not None:
+        allowed = allowed & _gather_token_mask(attention_mask, indices, block_size, q_rows, heads)
+    # an additive mask built in one pass (SDPA would convert a bool mask in two), in 4-D
+    # (batch·heads, query blocks, …) so SDPA takes its fused kernel, not the unfused fallback
+    bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
+    out = F.scaled_dot_product_attention(
+        q_blocks.flatten(0, 1),
+        gathered(key).flatten(0, 1),
+        gathered(value).flatten(0, 1),
+        attn_mask=bias.flatten(0, 1),
+        dropout_p=dropout,
+        scale=scaling,
+    ).reshape(batch, heads, n_q_blocks * q_rows, dim)  # CUDA SDPA may return a non-contiguous layout
+    if attention_mask is not None:
+        out = out.nan_to_num(0.0)  # padded queries see nothing; causality alone never empties a row
+    return out[:, :, :n_q]
+
+
+def _check_arguments(query, key, value, keep, block_size, scaling, q_offset, attention_mask, dropout) -> None:
+    """Shapes, dtypes, devices and scalars of :func:`block_sparse_attention` (no device sync)."""
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
+            got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"{name} must be a 4-D (batch, heads, tokens, head_dim) floating-point tensor, got {got}")
+        if x.dtype != query.dtype or x.device != query.device:
+            raise ValueError(
+                f"{name} must have query's dtype and device ({query.dtype} on {query.device}), "
+                f"got {x.dtype} on {x.device}"
+            )
+    if key.shape != value.shape or key.shape[:2] != query.shape[:2] or key.shape[3] != query.shape[3]:
+        raise ValueError(
+            "key and value must have equal shapes (B, H, Nk, D) with query's B, H and D, got "
+            f"query {tuple(query.shape)}, key {tuple(key.shape)}, value {tuple(value.shape)}"
+        )
+    if min(query.shape[2], key.shape[2]) < 1:
+        raise ValueError(f"query and key must hold at least one token, got {query.shape[2]} and {key.shape[2]}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive integer, got {block_size!r}")
+    check_scaling(scaling)
+    if isinstance(q_offset, bool) or not isinstance(q_offset, int) or q_offset < 0:
+        raise ValueError(f"q_offset must be an integer >= 0, got {q_offset!r}")
+    if query.shape[2] > 1 and q_offset % block_size:
+        raise ValueError(
+            f"q_offset must be a multiple of block_size={block_size} unless Nq == 1 (decode), got q_offset={q_offset}"
+        )
+    if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
+        raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
+    expected = (*query.shape[:2], -(-query.shape[2] // block_size), -(-key.shape[2] // block_size))
+    if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or tuple(keep.shape) != expected:
+        got = f"{keep.dtype} tensor of shape {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep)
+        raise ValueError(f"keep must be a bool tensor of shape (B, H, Mq, Mk)={expected}, got {got}")
+    if keep.device != query.device:
+        raise ValueError(f"keep must be on query's device {query.device}, got {keep.device}")
+    if attention_mask is not None:
+        mask_ok = (
+            isinstance(attention_mask, torch.Tensor)
+            and attention_mask.dtype == torch.bool
+            and attention_mask.dim() == 4
+            and attention_mask.shape[0] == query.shape[0]
+            and attention_mask.shape[1] in (1, query.shape[1])
+            and tuple(attention_mask.shape[2:]) == (query.shape[2], key.shape[2])
+        )
+        if not mask_ok:
+            got = (
+                f"{attention_mask.dtype} tensor of shape {tuple(attention_mask.shape)}"
+                if isinstance(attention_mask, torch.Tensor)
+                else type(attention_mask).__name__
+            )
+            raise ValueError(f"attention_mask must be None or a bool (B, 1 or H, Nq, Nk) tensor, got {got}")
+
+
+def _gather_token_mask(
+    mask: torch.Tensor, indices: torch.Tensor, block_size: int, q_rows: int, heads: int
+) -> torch.Tensor:
+    """Bool ``(B, 1|H, Nq, Nk)`` mask → ``(B, H, Mq, q_rows, K·bs)`` aligned with the gathered keys."""
+    batch, _, n_q, n_k = mask.shape
+    pad_q, pad_k = -n_q % q_rows, -n_k % block_size + block_size  # + the extra future block
+    mask = F.pad(mask, (0, pad_k, 0, pad_q), value=False).expand(batch, heads, -1, -1)
+    mask = mask.unflatten(2, (-1, q_rows)).unflatten(-1, (-1, block_size))  # (B, H, Mq, q_rows, Mk, bs)
+    index = indices[:, :, :, None, :, None].expand(-1, -1, -1, q_rows, -1, block_size)
+    return mask.gather(4, index).flatten(-2)
+
+
+def token_mask(keep: torch.Tensor, block_size: int, n_q: int, n_k: int, q_offset: int = 0) -> torch.Tensor:
+    """Block selection ``(B, H, Mq, Mk)`` → ``(B, H, Nq, Nk)`` bool: kept block and causal (key ≤ query position)."""
+    kept = keep.repeat_interleave(block_size, dim=2).repeat_interleave(block_size, dim=3)[:, :, :n_q, :n_k]
+    causal = (q_offset + torch.arange(n_q, device=keep.device))[:, None] >= torch.arange(n_k, device=keep.device)
+    return kept & causal
+
+
+def dense_masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int = 0,
+    attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Reference: full N×N attention masked to the same blocks (for tests and small inputs)."""
+    allowed = token_mask(keep, block_size, query.shape[2], key.shape[2], q_offset)
+    if attention_mask is not None:
+        allowed = allowed & attention_mask
+    scores = (query.float() @ key.float().transpose(-1, -2)) * scaling
+    probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
+    return (probs @ value.float()).to(query.dtype)
