@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModel
 
 from .evaluation import ContextScalingResult
+from .evaluation.plotting import band_label
 from .training import ICLTrainingArguments, train
 from .training.trainer import PLOT_FILE, build_task
 
@@ -88,8 +89,9 @@ def _reload_is_identical(model, output_dir: Path, family, n_points: int) -> bool
 
 
 def format_report(report: QuickstartReport) -> str:
+    result = report.result
     lines = [
-        "Squared error / d (5–95% bootstrap band) by number of in-context examples:",
+        f"{result.metric.axis_label} ({band_label(result.confidence)}) by number of in-context examples:",
         report.result.to_markdown(),
         "",
         f"plot: {report.output_dir / PLOT_FILE}",
