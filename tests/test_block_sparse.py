@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from hf_icl.attention.block_sparse import block_sparse_attention, dense_masked_attention, selected_block_indices
+from hf_icl.kernels.block_sparse_reference import block_sparse_attention, dense_masked_attention, selected_block_indices
 
 
 def random_keep(batch, heads, n_q_blocks, n_k_blocks, q_block_offset, generator, density=0.4):

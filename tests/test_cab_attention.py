@@ -14,9 +14,9 @@ from transformers import (
 from transformers.masking_utils import AttentionMaskInterface
 
 import hf_icl
-from hf_icl.attention.block_sparse import dense_masked_attention
 from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
 from hf_icl.attention.selection import true_block_mass
+from hf_icl.kernels.block_sparse_reference import dense_masked_attention
 
 SMALL = dict(block_size=16, min_seq_len=0)
 

@@ -13,13 +13,13 @@ import torch
 import torch.nn.functional as F
 from kernel_helpers import DEVICE, LOOSE, needs_triton, qkv, random_keep
 
-from hf_icl.attention.block_sparse import block_sparse_attention, selected_block_indices, token_mask
 from hf_icl.kernels import block_sparse_attention as bsa_module
 from hf_icl.kernels.block_sparse_attention import (
     block_sparse_attention_forward,
     block_sparse_attention_reference,
     block_sparse_attention_triton,
 )
+from hf_icl.kernels.block_sparse_reference import block_sparse_attention, selected_block_indices, token_mask
 
 
 def _expected(q, k, v, keep, block_size: int, scaling: float, q_offset: int) -> torch.Tensor:

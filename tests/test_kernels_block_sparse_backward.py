@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from kernel_helpers import DEVICE, left_padding_mask, needs_triton, qkv, random_keep
 
-from hf_icl.attention.block_sparse import token_mask
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_forward
 from hf_icl.kernels.block_sparse_backward import block_sparse_attention_backward_triton, block_sparse_flash_attention
+from hf_icl.kernels.block_sparse_reference import token_mask
 
 # by module path: the package's re-exported function names may shadow submodule attributes
 bsb_module = importlib.import_module("hf_icl.kernels.block_sparse_backward")

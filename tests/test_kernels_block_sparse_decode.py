@@ -13,7 +13,6 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, LOOSE, left_padding_mask, needs_triton, qkv, random_keep
 
-from hf_icl.attention.block_sparse import selected_block_indices
 from hf_icl.kernels.block_sparse_decode import (
     _merge_splits,
     block_sparse_decode,
@@ -21,6 +20,7 @@ from hf_icl.kernels.block_sparse_decode import (
     block_sparse_decode_triton,
     plan_splits,
 )
+from hf_icl.kernels.block_sparse_reference import selected_block_indices
 
 # the package re-exports the function ``block_sparse_decode``, which shadows the submodule's attribute name
 decode_module = importlib.import_module("hf_icl.kernels.block_sparse_decode")

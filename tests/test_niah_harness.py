@@ -18,7 +18,6 @@ from tokenizers import processors
 from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import hf_icl.evaluation.niah as niah
-from hf_icl.attention.block_sparse import token_mask
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.selection import attention_preservation
 from hf_icl.cli import main
@@ -32,6 +31,7 @@ from hf_icl.evaluation.niah import (
     run_niah,
 )
 from hf_icl.evaluation.niah_report import summarize_niah, write_niah_report
+from hf_icl.kernels.block_sparse_reference import token_mask
 
 GRID = {"context_lengths": [96, 128], "depths": [0.0, 0.5, 1.0], "samples_per_cell": 1}
 # at sparsity 0.25 the row budget leaves each query block one block beyond its forced two: policies differ

@@ -42,8 +42,8 @@ def test_flex_block_mask_is_the_same_selection():
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
-    from hf_icl.attention.block_sparse import dense_masked_attention
     from hf_icl.attention.cab import CABParams, select_cab_blocks
+    from hf_icl.kernels.block_sparse_reference import dense_masked_attention
 
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 2, 80, 32, generator=g) for _ in range(3))
