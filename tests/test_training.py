@@ -170,6 +170,20 @@ def test_an_infinite_gradient_is_never_applied(tmp_path, max_grad_norm):
     assert latest_checkpoint(tmp_path / "run").name == "step-00000005"
 
 
+def test_non_finite_parameters_are_never_saved(tmp_path):
+    class Corrupted(ICLTrainer):
+        def _optimizer_step(self, step, generator):
+            if step == 10:  # the unused token table: the loss and the gradients stay finite
+                with torch.no_grad():
+                    self.accelerator.unwrap_model(self.model).model.backbone.wte.weight.fill_(float("nan"))
+            return super()._optimizer_step(step, generator)
+
+    with pytest.raises(TrainingDivergedError, match="step 10: the parameters are non-finite") as caught:
+        Corrupted(small_args(tmp_path, save_every=5)).train()
+    assert "step-00000005" in str(caught.value)
+    assert latest_checkpoint(tmp_path / "run").name == "step-00000005"
+
+
 def test_environment_checks_come_before_any_work(tmp_path, monkeypatch):
     out = tmp_path / "run"
     with pytest.raises(ValueError, match="mixed_precision='fp16' needs a GPU.*CPU.*mixed_precision='no'"):

@@ -284,8 +284,7 @@ class ICLTrainer:
         if not self.optimizer.step_was_skipped:
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if not _all_finite(self.model.parameters()):
-            raise self._diverged(step, "this update made parameters non-finite (they were not saved)")
+        # non-finite parameters show in the next step's loss; _save_checkpoint checks them before any save
         return mean_loss
 
     def _gradient_norm(self) -> float:
@@ -339,6 +338,8 @@ class ICLTrainer:
         return bool(every) and step % every == 0 and step != self._start_step
 
     def _save_checkpoint(self, step: int, rng_state: dict) -> Path:
+        if not _all_finite(self.model.parameters()):
+            raise self._diverged(step, "the parameters are non-finite (they were not saved)")
         dims, points = self.curriculum.at(step)
         trainer_state = {
             "step": step,
