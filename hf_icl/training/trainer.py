@@ -271,10 +271,12 @@ class ICLTrainer:
                 loss = self.model(xs, ys, check_inputs=False).loss / args.gradient_accumulation_steps
             accelerator.backward(loss)
             total += loss.detach()
-        mean_loss = accelerator.reduce(total, reduction="mean").item()
+        # one device sync for both numbers the step must check
+        mean_loss, grad_norm = torch.stack(
+            (accelerator.reduce(total, reduction="mean"), self._gradient_norm())
+        ).tolist()
         if not math.isfinite(mean_loss):
             raise self._diverged(step, f"the loss is {mean_loss} (no update was applied)")
-        grad_norm = self._gradient_norm()
         # under fp16 an overflowing gradient is routine: the gradient scaler skips the update, lowers its scale
         if not math.isfinite(grad_norm) and accelerator.scaler is None:
             raise self._diverged(step, f"the gradient norm is {grad_norm} (the update was not applied)")
@@ -287,15 +289,18 @@ class ICLTrainer:
         # non-finite parameters show in the next step's loss; _save_checkpoint checks them before any save
         return mean_loss
 
-    def _gradient_norm(self) -> float:
-        """The global gradient norm (after clipping to ``max_grad_norm``, its value before clipping)."""
+    def _gradient_norm(self) -> torch.Tensor:
+        """The global gradient norm as a 0-d float32 tensor on the device (no sync; after clipping to
+        ``max_grad_norm``, its value before clipping)."""
         parameters = [p for p in self.model.parameters() if p.grad is not None]
+        if not parameters:
+            return torch.zeros((), device=self.accelerator.device)
         if self.args.max_grad_norm > 0:
             norm = self.accelerator.clip_grad_norm_(parameters, self.args.max_grad_norm)
         else:
             self.accelerator.unscale_gradients()  # fp16: the true gradients, as clip_grad_norm_ would see
-            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters]) if parameters else 0.0
-        return float(norm)
+            norm = torch.nn.utils.get_total_norm([p.grad for p in parameters])
+        return norm.float()
 
     def evaluate(self) -> dict[str, float]:
         """Loss and the per-position metric on the fixed evaluation set, scored in full precision
