@@ -179,8 +179,9 @@ def test_garg_io_init_is_pytorchs_default_linear_init_and_survives_reload(tmp_pa
                 assert abs(tensor.var().item() / (bound**2 / 3) - 1) < 0.4
     # every other layer keeps GPT-2's N(0, 0.02)
     assert abs(model.model.backbone.h[0].attn.c_attn.weight.std().item() - 0.02) < 0.002
-    gpt2 = GPT2ForInContextRegression(GPT2ICLConfig.from_preset("tiny", n_dims=5, n_points=8))
+    gpt2 = GPT2ForInContextRegression(GPT2ICLConfig.from_preset("tiny", n_dims=5, n_points=8, io_init="gpt2"))
     assert abs(gpt2.model.read_in.weight.std().item() - 0.02) < 0.003 and not gpt2.model.read_in.bias.any()
+    assert GPT2ICLConfig().io_init == "garg"  # the default is Garg et al.'s
     model.save_pretrained(tmp_path)
     reloaded = AutoModel.from_pretrained(tmp_path)
     assert reloaded.config.io_init == "garg"

@@ -31,9 +31,11 @@ class GPT2ICLConfig(GPT2Config):
         n_classes: classes of a categorical task.
         prompt_format: ``"interleaved"`` (x and y tokens, Garg et al.) or ``"concatenated"``
             (``[x, y]`` tokens each preceded by its ``[x, 0]`` query).
-        io_init: initialisation of ``read_in`` and the head's ``read_out``: ``"gpt2"`` (N(0, 0.02),
-            zero bias, like every GPT-2 linear layer) or ``"garg"`` (PyTorch's default ``nn.Linear``
-            init, U(±1/√fan_in) for weight and bias, as in Garg et al.'s code).
+        io_init: initialisation of ``read_in`` and the head's ``read_out``: ``"garg"`` (the default:
+            PyTorch's default ``nn.Linear`` init, U(±1/√fan_in) for weight and bias, as in Garg et al.'s
+            code) or ``"gpt2"`` (N(0, 0.02), zero bias, like every GPT-2 linear layer). With ``"gpt2"``
+            the interleaved layout stays on its initial plateau on a CPU budget
+            (docs/results/reliability.md).
 
     Dropout defaults to 0 and the unused token vocabulary to a single row.
     ``GPT2ICLConfig.from_preset("tiny" | "small" | "standard", ...)`` sets width, depth and heads.
@@ -49,7 +51,7 @@ class GPT2ICLConfig(GPT2Config):
     target_kind: str = "regression"
     n_classes: int = 2
     prompt_format: str = "interleaved"
-    io_init: str = "gpt2"
+    io_init: str = "garg"
     # GPT-2 defaults changed for ICL: Garg et al.'s standard size, no dropout, no vocabulary.
     vocab_size: int = 1
     n_embd: int = 256
