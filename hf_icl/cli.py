@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import os
 import sys
@@ -219,17 +218,6 @@ def _training_yaml(path: str):
 
     _existing_file("--config", path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            values = yaml.safe_load(handle)
-        if isinstance(values, dict):
-            known = [f.name for f in dataclasses.fields(ICLTrainingArguments)]
-            for key in values:
-                if key not in known:
-                    close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
-                    hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-                    raise CLIError(
-                        f"--config {path}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)"
-                    )
         return ICLTrainingArguments.from_yaml(path)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)

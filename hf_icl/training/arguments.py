@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -153,15 +154,31 @@ class ICLTrainingArguments:
                     f"{name} must not set {clash[0]} (got {name}={json.dumps(extra)}): {where} "
                     "(two values would silently disagree)"
                 )
-        from ..data.tasks import get_task
         from ..modeling import MODEL_CLASSES
 
-        task = get_task(self.task, n_dims=self.n_dims, n_tasks=self.n_tasks, pool_seed=self.pool_seed, **task_params)
+        task = self.task_family()
         check_choice("model_type", self.model_type, sorted(MODEL_CLASSES))
-        fields = {"n_dims": self.n_dims, "n_points": self.n_points, "target_kind": task.target_kind, **overrides}
+        MODEL_CLASSES[self.model_type][0].from_preset(self.model_size, **self.model_config_fields(task))
+
+    def task_family(self):
+        """The task family these arguments train on (its finite pool, if ``n_tasks`` is set)."""
+        from ..data.tasks import get_task
+
+        return get_task(
+            self.task, n_dims=self.n_dims, n_tasks=self.n_tasks, pool_seed=self.pool_seed, **self.task_kwargs()
+        )
+
+    def model_config_fields(self, task) -> dict[str, Any]:
+        """The config fields of the model these arguments build for ``task`` (size preset aside)."""
+        fields = {
+            "n_dims": self.n_dims,
+            "n_points": self.n_points,
+            "target_kind": task.target_kind,
+            **self.model_kwargs(),
+        }
         if task.target_kind == "categorical":
             fields.setdefault("n_classes", task.n_classes)
-        MODEL_CLASSES[self.model_type][0].from_preset(self.model_size, **fields)  # unknown fields raise here
+        return fields
 
     def task_kwargs(self) -> dict[str, Any]:
         return _json_object("task_params", self.task_params)
@@ -182,10 +199,12 @@ class ICLTrainingArguments:
         if not isinstance(values, dict):
             raise ValueError(f"{path} must hold a mapping of training arguments, got {type(values).__name__}")
         values.update(overrides)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"{path}: unknown training argument(s) {unknown}")
+        known = [f.name for f in fields(cls)]
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
+                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                raise ValueError(f"{path}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)")
         for key in ("task_params", "model_overrides"):
             if isinstance(values.get(key), dict):
                 values[key] = json.dumps(values[key])

@@ -55,12 +55,6 @@ class TrainingProgress:
     def __init__(self, step: int = 0):
         self.step = step
 
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = int(state["step"])
-
 
 def rng_state_name(process_index: int) -> str:
     return f"rng_state_{process_index}"

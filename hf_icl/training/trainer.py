@@ -105,27 +105,11 @@ def check_environment(args: ICLTrainingArguments) -> None:
 
 
 def build_task(args: ICLTrainingArguments) -> TaskFamily:
-    return make_task(
-        {
-            "name": args.task,
-            **args.task_kwargs(),
-            "n_dims": args.n_dims,
-            "n_tasks": args.n_tasks,
-            "pool_seed": args.pool_seed,
-        }
-    )
+    return args.task_family()
 
 
 def build_icl_model(args: ICLTrainingArguments, task: TaskFamily) -> torch.nn.Module:
-    fields = {
-        "n_dims": args.n_dims,
-        "n_points": args.n_points,
-        "target_kind": task.target_kind,
-        **args.model_kwargs(),
-    }
-    if task.target_kind == "categorical":
-        fields.setdefault("n_classes", task.n_classes)
-    return build_model(args.model_type, args.model_size, args.attn_implementation, **fields)
+    return build_model(args.model_type, args.model_size, args.attn_implementation, **args.model_config_fields(task))
 
 
 class ICLTrainer:
