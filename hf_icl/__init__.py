@@ -9,5 +9,14 @@ from .attention import enable_cab  # noqa: E402  (importing registers the "cab" 
 from .data.tasks import available_tasks, get_task, make_task  # noqa: E402
 from .estimators import available_estimators, get_estimator  # noqa: E402
 from .evaluation import evaluate_context_scaling, evaluate_task_scaling, ood_task  # noqa: E402
-from .modeling import GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel, ICLOutput, build_model  # noqa: E402
+from .modeling import (  # noqa: E402
+    GPT2ForInContextRegression,
+    GPT2ICLConfig,
+    GPT2ICLModel,
+    ICLOutput,
+    SGPTConfig,
+    SGPTForInContextRegression,
+    SGPTModel,
+    build_model,
+)
 from .training import ICLTrainer, ICLTrainingArguments, train  # noqa: E402

@@ -6,9 +6,13 @@ from .config_fields import check_config_kwargs
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
 from .prompts import check_forward_kwargs, check_prompt
+from .sgpt import SGPTConfig, SGPTForInContextRegression, SGPTModel
 
 #: model_type -> (config class, predicting model class)
-MODEL_CLASSES = {GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression)}
+MODEL_CLASSES = {
+    GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression),
+    SGPTConfig.model_type: (SGPTConfig, SGPTForInContextRegression),
+}
 
 # AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the
 # same predictions (transformers has no Auto class for in-context regression heads).

@@ -139,7 +139,8 @@ def encode_labels(ys: torch.Tensor, target_kind: str, n_classes: int) -> torch.T
     """Targets as token features: ``(B, N, 1)`` values, or ``(B, N, C)`` one-hot class ids."""
     if target_kind == "categorical":
         return F.one_hot(ys.long(), n_classes).to(torch.get_default_dtype())
-    return ys.unsqueeze(-1).float()
+    # float64 labels stay float64 (a float64 model must not see them rounded to float32)
+    return ys.unsqueeze(-1) if ys.is_floating_point() else ys.unsqueeze(-1).float()
 
 
 class InterleavedPrompt:
