@@ -6,12 +6,22 @@ from .config_fields import check_config_kwargs
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
 from .prompts import check_forward_kwargs, check_prompt
-from .sgpt import SGPTConfig, SGPTForInContextRegression, SGPTModel
+from .sgpt import (
+    MLPForInContextRegression,
+    MLPICLConfig,
+    OneLayerFeatureMapConfig,
+    OneLayerFeatureMapModel,
+    SGPTConfig,
+    SGPTForInContextRegression,
+    SGPTModel,
+)
 
 #: model_type -> (config class, predicting model class)
 MODEL_CLASSES = {
     GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression),
     SGPTConfig.model_type: (SGPTConfig, SGPTForInContextRegression),
+    MLPICLConfig.model_type: (MLPICLConfig, MLPForInContextRegression),
+    OneLayerFeatureMapConfig.model_type: (OneLayerFeatureMapConfig, OneLayerFeatureMapModel),
 }
 
 # AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the
@@ -26,6 +36,11 @@ def build_model(model_type: str, size: str, attn_implementation: str | None = No
     if model_type not in MODEL_CLASSES:
         raise ValueError(f"model_type must be one of {sorted(MODEL_CLASSES)}, got {model_type!r}")
     config_class, model_class = MODEL_CLASSES[model_type]
+    if attn_implementation is not None and not getattr(model_class, "has_attention", True):
+        raise ValueError(
+            f"attn_implementation applies to models with attention; model_type={model_type!r} has none, got "
+            f"attn_implementation={attn_implementation!r} (leave it unset)"
+        )
     config = config_class.from_preset(size, **config_fields)
     if attn_implementation is None:
         return model_class(config)
