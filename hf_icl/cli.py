@@ -522,7 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("train", help="train an ICL model (see hf-icl train --help)", add_help=False)
     commands.add_parser(
-        "bench", help="run a benchmark: cab, estimators, samplers (hf-icl bench NAME --help)", add_help=False
+        "bench", help="run a benchmark: cab, estimators, samplers, sgpt (hf-icl bench NAME --help)", add_help=False
     )
 
     ev = commands.add_parser("evaluate", help="evaluate a trained model against estimators", formatter_class=_formatter)
@@ -632,7 +632,50 @@ def build_parser() -> argparse.ArgumentParser:
     niah.add_argument("--output-dir", default="outputs/niah", help="results.jsonl and the report; reruns resume")
     niah.add_argument("--no-progress", action="store_true", help="no progress bar")
     niah.set_defaults(run=run_niah_command)
+
+    from .reproduce import PAPERS
+
+    listing = "; ".join(f"{paper}: {', '.join(module.EXPERIMENTS)}" for paper, module in PAPERS.items())
+    rep = commands.add_parser(
+        "reproduce",
+        help="reproduce a figure of a seed document (hf-icl reproduce sgpt fig1)",
+        description=f"Experiments: {listing}. Writes OUTPUT_DIR/PAPER/EXPERIMENT/results.md and results.json.",
+        formatter_class=_formatter,
+    )
+    rep.add_argument("paper", choices=sorted(PAPERS), help="the seed document")
+    rep.add_argument("experiment", help="the figure, e.g. fig1 (see the list above)")
+    rep.add_argument("--full", action="store_true", help="the document's sizes (for a GPU); default: CPU-sized")
+    rep.add_argument("--output-dir", default="outputs/reproduce", help="where runs, plots and results go")
+    rep.add_argument("--steps", type=int, default=None, help="override the training steps of every run")
+    rep.add_argument("--seed", type=int, default=0, help="seed of weights, training and evaluation prompts")
+    rep.add_argument("--retrain", action="store_true", help="retrain runs that finished with the same arguments")
+    rep.set_defaults(run=run_reproduce)
     return parser
+
+
+def run_reproduce(args) -> int:
+    from .reproduce import reproduce
+    from .validation import check_int
+
+    if args.steps is not None:
+        check_int("--steps", args.steps, low=1)
+    command = (
+        "hf-icl " + " ".join(sys.argv[1:])
+        if sys.argv[1:2] == ["reproduce"]
+        else f"hf-icl reproduce {args.paper} {args.experiment}"
+    )
+    path = reproduce(
+        args.paper,
+        args.experiment,
+        full=args.full,
+        output_dir=args.output_dir,
+        seed=args.seed,
+        retrain=args.retrain,
+        steps=args.steps,
+        command=command,
+    )
+    print(path.read_text())
+    return 0
 
 
 def main(argv=None) -> int:

@@ -31,17 +31,24 @@ for _config_class, _model_class in MODEL_CLASSES.values():
     AutoModel.register(_config_class, _model_class, exist_ok=True)
 
 
-def build_model(model_type: str, size: str, attn_implementation: str | None = None, **config_fields):
-    """A freshly initialised ICL model of a registered type and size preset."""
+def build_config(model_type: str, size: str | None = None, **config_fields):
+    """The config of a registered ICL model type: a size preset (tiny, small, standard) with
+    ``config_fields`` on top, or with ``size=None`` the config's own defaults and ``config_fields``."""
     if model_type not in MODEL_CLASSES:
         raise ValueError(f"model_type must be one of {sorted(MODEL_CLASSES)}, got {model_type!r}")
-    config_class, model_class = MODEL_CLASSES[model_type]
+    config_class = MODEL_CLASSES[model_type][0]
+    return config_class(**config_fields) if size is None else config_class.from_preset(size, **config_fields)
+
+
+def build_model(model_type: str, size: str | None, attn_implementation: str | None = None, **config_fields):
+    """A freshly initialised ICL model of a registered type and size preset (``None``: no preset)."""
+    config = build_config(model_type, size, **config_fields)
+    model_class = MODEL_CLASSES[model_type][1]
     if attn_implementation is not None and not getattr(model_class, "has_attention", True):
         raise ValueError(
             f"attn_implementation applies to models with attention; model_type={model_type!r} has none, got "
             f"attn_implementation={attn_implementation!r} (leave it unset)"
         )
-    config = config_class.from_preset(size, **config_fields)
     if attn_implementation is None:
         return model_class(config)
     return model_class._from_config(config, attn_implementation=attn_implementation)

@@ -12,6 +12,8 @@ from ..validation import check_choice, check_float, check_int
 
 MIXED_PRECISION = ("no", "fp16", "bf16")
 TRACKERS = ("tensorboard", "wandb", "none")
+#: the size presets every registered ICL config offers (None: the config's own defaults)
+MODEL_SIZES = ("tiny", "small", "standard")
 SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
 #: arguments a resumed run may change (the others must equal the checkpoint's): the length of the run,
 #: logging/evaluation/checkpoint cadence, where and how results go, and the two recovery knobs
@@ -61,7 +63,10 @@ class ICLTrainingArguments:
     curriculum_points_interval: int = field(default=2000, metadata={"help": "steps between points increments"})
     # -- model ---------------------------------------------------------------------------------
     model_type: str = field(default="gpt2_icl", metadata={"help": "registered ICL architecture"})
-    model_size: str = field(default="standard", metadata={"help": "size preset: tiny, small or standard"})
+    model_size: str | None = field(
+        default="standard",
+        metadata={"help": "size preset: tiny, small or standard; none: no preset (set the shape in model_overrides)"},
+    )
     model_overrides: str = field(default="{}", metadata={"help": "JSON object of extra config fields"})
     attn_implementation: str | None = field(default=None, metadata={"help": "attention backend (sdpa, eager, …)"})
     # -- optimisation --------------------------------------------------------------------------
@@ -110,7 +115,10 @@ class ICLTrainingArguments:
                 check_int(f"curriculum_{kind}_start", start, low=1, high=total)
             check_int(f"curriculum_{kind}_inc", getattr(self, f"curriculum_{kind}_inc"), low=0)
             check_int(f"curriculum_{kind}_interval", getattr(self, f"curriculum_{kind}_interval"), low=1)
-        check_choice("model_size", self.model_size, ("tiny", "small", "standard"))
+        if isinstance(self.model_size, str) and self.model_size.lower() == "none":  # the command line's spelling
+            self.model_size = None
+        if self.model_size is not None:
+            check_choice("model_size", self.model_size, MODEL_SIZES)
         for name in ("train_steps", "batch_size", "gradient_accumulation_steps", "eval_prompts", "logging_every"):
             check_int(name, getattr(self, name), low=1)
         for name in ("warmup_steps", "eval_every", "save_every", "seed"):
@@ -154,11 +162,11 @@ class ICLTrainingArguments:
                     f"{name} must not set {clash[0]} (got {name}={json.dumps(extra)}): {where} "
                     "(two values would silently disagree)"
                 )
-        from ..modeling import MODEL_CLASSES
+        from ..modeling import MODEL_CLASSES, build_config
 
         task = self.task_family()
         check_choice("model_type", self.model_type, sorted(MODEL_CLASSES))
-        MODEL_CLASSES[self.model_type][0].from_preset(self.model_size, **self.model_config_fields(task))
+        build_config(self.model_type, self.model_size, **self.model_config_fields(task))
 
     def task_family(self):
         """The task family these arguments train on (its finite pool, if ``n_tasks`` is set)."""

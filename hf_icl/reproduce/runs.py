@@ -1,0 +1,164 @@
+"""What every reproduction shares: training a model for one curve, scoring it, judging a claim, reporting.
+
+A reproduction trains its models with the package's own trainer (so a run here is a run a user could
+start with ``hf-icl train``), evaluates them with :func:`~hf_icl.evaluation.evaluate_context_scaling`
+on fresh tasks, and writes ``results.md`` (tables, plots, one verdict per claim of the document) and
+``results.json`` (every number) to its output directory. A finished training run is reused when its
+arguments are unchanged, so re-running an experiment to redraw its report costs only the evaluation.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..training import ICLTrainingArguments, train
+from ..training.trainer import TRAINING_ARGS_FILE
+
+#: the three verdicts a results doc may give a claim
+VERDICTS = ("holds", "does not hold", "not testable at this size")
+#: arguments that do not change what a training run learns (a run differing only in these is reused)
+_BOOKKEEPING = ("output_dir", "overwrite_output_dir", "progress_bar", "report_to", "resume_from_checkpoint")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torch.nn.Module:
+    """Train a model with :class:`ICLTrainingArguments` ``arguments`` into ``run_dir``, or load the model
+    already there if it was trained with the same arguments (``retrain`` forces a fresh run)."""
+    args = ICLTrainingArguments(
+        output_dir=str(run_dir),
+        overwrite_output_dir=True,
+        report_to="none",
+        progress_bar=False,
+        eval_every=0,
+        save_every=0,
+        eval_prompts=arguments.pop("eval_prompts", 256),
+        **arguments,
+    )
+    saved = run_dir / TRAINING_ARGS_FILE
+    if not retrain and saved.is_file() and _same_run(json.loads(saved.read_text()), args.to_dict()):
+        from transformers import AutoModel
+
+        log(f"reusing {run_dir} (trained with the same arguments)")
+        return AutoModel.from_pretrained(run_dir).eval()
+    started = time.perf_counter()
+    log(f"training {run_dir.name}: {args.model_type}, {args.train_steps} steps × {args.batch_size} prompts")
+    result = train(args)
+    final = result.final_metrics.get("eval/loss", float("nan"))
+    log(f"  done in {time.perf_counter() - started:.0f} s, final eval loss {final:.4f}")
+    return result.model.eval()
+
+
+def _same_run(saved: dict, wanted: dict) -> bool:
+    strip = lambda values: {k: v for k, v in values.items() if k not in _BOOKKEEPING}  # noqa: E731
+    return strip(saved) == strip(wanted)
+
+
+def model_fields(**fields) -> str:
+    """``model_overrides`` for the trainer, from keyword fields."""
+    return json.dumps(fields, sort_keys=True)
+
+
+# -- claims -------------------------------------------------------------------------------------------
+@dataclass
+class Claim:
+    """One claim of the document, our measurement and the verdict at the size run."""
+
+    claim: str
+    document: str
+    measured: str
+    verdict: str
+
+    def __post_init__(self):
+        if self.verdict not in VERDICTS:
+            raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
+
+
+def verdict(ok: bool) -> str:
+    return VERDICTS[0] if ok else VERDICTS[1]
+
+
+def improves(errors: list[float], factor: float = 0.8) -> bool:
+    """True when the last error is below ``factor`` times the first (a curve that scales)."""
+    return errors[-1] < factor * errors[0]
+
+
+def comparable(a: float, b: float, factor: float = 1.5) -> bool:
+    """True when two errors are within ``factor`` of each other."""
+    return max(a, b) <= factor * min(a, b)
+
+
+# -- the report ---------------------------------------------------------------------------------------
+@dataclass
+class Report:
+    """The results of one experiment: sections of markdown, plots, claims and raw numbers."""
+
+    paper: str
+    experiment: str
+    title: str
+    size: str
+    command: str
+    output_dir: Path
+    sections: list[str] = field(default_factory=list)
+    claims: list[Claim] = field(default_factory=list)
+    numbers: dict[str, Any] = field(default_factory=dict)
+    started: float = field(default_factory=time.perf_counter)
+
+    def add(self, markdown: str) -> None:
+        self.sections.append(markdown.strip())
+
+    def plot_path(self, name: str) -> Path:
+        return self.output_dir / f"{self.paper}_{self.experiment}_{name}.png"
+
+    def add_plot(self, path: Path, caption: str) -> None:
+        self.add(f"![{caption}]({path.name})\n\n*{caption}*")
+
+    def claim(self, claim: str, document: str, measured: str, verdict_: str) -> None:
+        self.claims.append(Claim(claim, document, measured, verdict_))
+        log(f"claim: {claim} — {verdict_} ({measured})")
+
+    def write(self) -> Path:
+        minutes = (time.perf_counter() - self.started) / 60
+        device = (
+            torch.cuda.get_device_name()
+            if torch.cuda.is_available()
+            else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+        )
+        lines = [
+            f"# {self.paper} {self.experiment}: {self.title}",
+            "",
+            f"- command: `{self.command}`",
+            f"- size: {self.size}",
+            f"- hardware: {device}; torch {torch.__version__}",
+            f"- date: {date.today().isoformat()}; wall time {minutes:.1f} min",
+            "",
+            "| claim | document | ours | verdict |",
+            "|---|---|---|---|",
+            *(f"| {c.claim} | {c.document} | {c.measured} | **{c.verdict}** |" for c in self.claims),
+            "",
+            *(section + "\n" for section in self.sections),
+        ]
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        path = self.output_dir / "results.md"
+        path.write_text("\n".join(lines))
+        summary = {
+            "paper": self.paper,
+            "experiment": self.experiment,
+            "size": self.size,
+            "command": self.command,
+            "claims": [c.__dict__ for c in self.claims],
+            "numbers": self.numbers,
+        }
+        (self.output_dir / "results.json").write_text(json.dumps(summary, indent=2, default=float))
+        log(f"wrote {path}")
+        return path
