@@ -561,9 +561,11 @@ def run(
     retrain: bool = False,
     steps: int | None = None,
     command: str = "",
+    scale: Scale | None = None,
 ) -> Path:
-    """Run one figure's experiment; returns the path of its ``results.md``."""
-    scale = FULL if full else CPU
+    """Run one figure's experiment; returns the path of its ``results.md``. ``scale`` replaces the CPU/full
+    sizes altogether (tests run a figure end to end at a toy scale)."""
+    scale = scale or (FULL if full else CPU)
     out = Path(output_dir) / PAPER / experiment
     size = (
         f"{scale.label}: transformers n_embd={scale.n_embd}, n_layer={scale.n_layer}; MLP width {scale.mlp_width}; "
@@ -571,7 +573,7 @@ def run(
     )
     report = Report(PAPER, experiment, EXPERIMENTS[experiment].title, size, command, out)
     log(f"{PAPER} {experiment}: {report.title} — {size}")
-    if not full:
+    if not scale.full:
         log("CPU-sized run (smaller d, widths, steps and pools than the document); --full runs the document's sizes")
     EXPERIMENTS[experiment].run(Context(scale, out, report, seed=seed, retrain=retrain, steps=steps))
     return report.write()

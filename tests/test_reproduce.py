@@ -1,0 +1,80 @@
+"""hf-icl reproduce: every SGPT figure's plumbing end to end at a toy scale, reuse of finished runs, the CLI."""
+
+import json
+
+import pytest
+
+from hf_icl.cli import main
+from hf_icl.reproduce import experiments, reproduce
+from hf_icl.reproduce.runs import VERDICTS, Claim, comparable, improves
+from hf_icl.reproduce.sgpt import EXPERIMENTS, Scale
+
+TOY = Scale(
+    "toy",
+    steps=2,
+    batch_size=4,
+    eval_prompts=8,
+    n_embd=8,
+    n_layer=1,
+    n_head=1,
+    mlp_width=8,
+    learning_rate=1e-3,
+    full=False,
+)
+
+
+def run_toy(tmp_path, name, capsys=None):
+    path = reproduce("sgpt", name, output_dir=tmp_path, scale=TOY, command=f"test {name}")
+    return path, json.loads((path.parent / "results.json").read_text())
+
+
+@pytest.mark.parametrize("name", ["fig2", "fig6"])
+def test_a_figure_runs_end_to_end_and_reports_a_verdict_per_claim(tmp_path, name):
+    path, summary = run_toy(tmp_path, name)
+    text = path.read_text()
+    assert summary["claims"] and all(claim["verdict"] in VERDICTS for claim in summary["claims"])
+    assert text.count("| **") == len(summary["claims"])  # one table row per claim, verdict in bold
+    assert "size: toy" in text and "command: `test " + name in text and "hardware:" in text
+    for image in [line.split("(")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
+        assert (path.parent / image).is_file()
+    assert summary["numbers"]
+
+
+def test_finished_runs_are_reused_with_the_same_numbers(tmp_path, capsys):
+    _, first = run_toy(tmp_path, "fig6")
+    capsys.readouterr()
+    _, second = run_toy(tmp_path, "fig6")
+    out = capsys.readouterr().out
+    assert out.count("reusing") == 4 and "training" not in out
+    assert second["numbers"] == first["numbers"]
+
+
+def test_every_figure_is_registered_with_a_runner():
+    assert set(experiments("sgpt")) == {f"fig{i}" for i in range(1, 8)} == set(EXPERIMENTS)
+
+
+def test_claims_and_criteria():
+    assert improves([1.0, 0.5]) and not improves([1.0, 0.9]) and not improves([1.0, 1.2])
+    assert comparable(1.0, 1.4) and not comparable(1.0, 1.6) and comparable(2.0, 1.5)
+    with pytest.raises(ValueError, match="verdict must be one of"):
+        Claim("c", "d", "m", "mostly")
+
+
+def test_cli_rejects_unknown_experiments_and_bad_steps(capsys):
+    assert main(["reproduce", "sgpt", "fig9"]) == 2
+    assert "experiment must be one of" in capsys.readouterr().err
+    assert main(["reproduce", "sgpt", "fig1", "--steps", "0"]) == 2
+    assert "--steps" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["reproduce", "nopaper", "fig1"])
+
+
+def test_the_script_is_the_cli_command(monkeypatch, capsys):
+    import runpy
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "reproduce_sgpt.py"
+    monkeypatch.setattr("sys.argv", [str(script), "fig9"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(str(script), run_name="__main__")
+    assert exit_.value.code == 2 and "experiment must be one of" in capsys.readouterr().err
