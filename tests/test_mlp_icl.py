@@ -250,7 +250,7 @@ def test_presets_build_model_and_training_arguments():
     model = build_model("mlp_icl", "tiny", n_dims=4, n_points=10)
     assert type(model) is MLPForInContextRegression and model.config.hidden_size == 256
     assert type(build_model("one_layer_feature_map", "small", n_dims=4, n_points=10)) is OneLayerFeatureMapModel
-    with pytest.raises(ValueError, match="attn_implementation .*'mlp_icl' has none"):
+    with pytest.raises(ValueError, match="model_type='mlp_icl' has none to select"):
         build_model("mlp_icl", "tiny", attn_implementation="sdpa", n_dims=4, n_points=10)
     args = ICLTrainingArguments(model_type="mlp_icl", model_size="tiny", n_dims=4, n_points=10, report_to="none")
     assert args.model_type == "mlp_icl"

@@ -40,15 +40,22 @@ def build_config(model_type: str, size: str | None = None, **config_fields):
     return config_class(**config_fields) if size is None else config_class.from_preset(size, **config_fields)
 
 
+def check_attn_implementation(model_type: str, attn_implementation: str | None) -> None:
+    """Raise ``ValueError`` for an ``attn_implementation`` given to a model type whose attention is not
+    transformers' (SGPT's fixed identity attention) or that has none (the MLPs): it would be ignored."""
+    model_class = MODEL_CLASSES[model_type][1]
+    if attn_implementation is not None and not getattr(model_class, "supports_attn_implementation", True):
+        raise ValueError(
+            f"attn_implementation selects one of transformers' attention implementations; model_type={model_type!r} "
+            f"has none to select, got attn_implementation={attn_implementation!r} (leave it unset)"
+        )
+
+
 def build_model(model_type: str, size: str | None, attn_implementation: str | None = None, **config_fields):
     """A freshly initialised ICL model of a registered type and size preset (``None``: no preset)."""
     config = build_config(model_type, size, **config_fields)
+    check_attn_implementation(model_type, attn_implementation)
     model_class = MODEL_CLASSES[model_type][1]
-    if attn_implementation is not None and not getattr(model_class, "has_attention", True):
-        raise ValueError(
-            f"attn_implementation applies to models with attention; model_type={model_type!r} has none, got "
-            f"attn_implementation={attn_implementation!r} (leave it unset)"
-        )
     if attn_implementation is None:
         return model_class(config)
     return model_class._from_config(config, attn_implementation=attn_implementation)

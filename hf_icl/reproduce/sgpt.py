@@ -25,6 +25,7 @@ from ..data.tasks import make_task
 from ..estimators import get_estimator
 from ..evaluation import evaluate_context_scaling
 from ..evaluation.baselines import estimator_for_task
+from ..modeling import build_model
 from .plots import plot_sweep
 from .runs import Report, comparable, improves, log, model_fields, train_or_reuse, verdict
 
@@ -428,10 +429,7 @@ def fig6(ctx: Context) -> None:
         trained[f"MLP on {psi}(A)_N,:"] = ctx.train(
             f"fig6_row_{feature_map}", model_type, fields, task, params, n_dims=d, n_points=41
         )
-        model_type, fields = ctx.mlp("estimate", feature_map, n_hidden_layers=0)
-        trained[f"linear on {psi}(A)_N,d+1"] = ctx.train(
-            f"fig6_scalar_{feature_map}", model_type, fields, task, params, n_dims=d, n_points=41
-        )
+        trained[f"linear on {psi}(A)_N,d+1"] = fit_linear_on_estimate(ctx, feature_map, task, params, d, 41)
     result = ctx.evaluate(
         trained, task, params, n_dims=d, n_points=41, plot="curves", title="Fig. 6: row of ψ vs its last entry"
     )
@@ -446,6 +444,27 @@ def fig6(ctx: Context) -> None:
             f"row {fmt(row)}; scalar {fmt(scalar)}",
             verdict(all(comparable(a, b) for a, b in zip(row, scalar, strict=True)) and improves(scalar)),
         )
+
+
+def fit_linear_on_estimate(ctx: Context, feature_map: str, task: str, params: dict, d: int, n_points: int):
+    """The document's "linear regression on the scalar ψ_K(A)_N,d+1": an ``mlp_icl`` model with no hidden
+    layer on ``mlp_input="estimate"``, its two weights fitted by least squares (closed form, float64) on
+    as many training prompts as the other models see, every position pooled (one fit for all lengths)."""
+    model = build_model(
+        "mlp_icl", None, n_dims=d, n_points=n_points, mlp_input="estimate", feature_map=feature_map, n_hidden_layers=0
+    )
+    family = make_task({"name": task, "n_dims": d, **params})
+    n_prompts = min((ctx.steps or ctx.scale.steps) * ctx.scale.batch_size, 20_000)
+    xs, ys = family.sample(n_prompts, n_points, seed=ctx.seed)
+    with torch.no_grad():
+        estimate = model.model_inputs(xs, ys).reshape(-1, 1).double()
+        design = torch.cat((estimate, torch.ones_like(estimate)), dim=1)
+        (slope, intercept), *_ = torch.linalg.lstsq(design, ys.reshape(-1, 1).double())
+        model.head.read_out.weight.fill_(float(slope))
+        model.head.read_out.bias.fill_(float(intercept))
+    fit = f"y ≈ {float(slope):.4g}·s + {float(intercept):.3g}"
+    log(f"fitted linear on the {feature_map} estimate: {fit} ({n_prompts} prompts)")
+    return model.eval()
 
 
 FIG7_TASKS = {

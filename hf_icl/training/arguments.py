@@ -162,11 +162,12 @@ class ICLTrainingArguments:
                     f"{name} must not set {clash[0]} (got {name}={json.dumps(extra)}): {where} "
                     "(two values would silently disagree)"
                 )
-        from ..modeling import MODEL_CLASSES, build_config
+        from ..modeling import MODEL_CLASSES, build_config, check_attn_implementation
 
         task = self.task_family()
         check_choice("model_type", self.model_type, sorted(MODEL_CLASSES))
         build_config(self.model_type, self.model_size, **self.model_config_fields(task))
+        check_attn_implementation(self.model_type, self.attn_implementation)
 
     def task_family(self):
         """The task family these arguments train on (its finite pool, if ``n_tasks`` is set)."""

@@ -36,8 +36,8 @@ class MLPICLPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
     config_class = MLPICLConfig
     base_model_prefix = "mlp"
     main_input_name = "xs"
-    #: no attention: ``build_model`` refuses an ``attn_implementation`` for these models
-    has_attention = False
+    #: no attention to swap: ``build_model`` and the training arguments refuse an ``attn_implementation``
+    supports_attn_implementation = False
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):

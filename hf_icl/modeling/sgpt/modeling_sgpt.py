@@ -110,6 +110,8 @@ class SGPTPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
     main_input_name = "xs"
     supports_gradient_checkpointing = True
     _no_split_modules = ["SGPTBlock"]
+    #: its attention is fixed (identity Q/K/V, φ from the config), not one of transformers' implementations
+    supports_attn_implementation = False
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
