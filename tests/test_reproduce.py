@@ -78,3 +78,33 @@ def test_the_script_is_the_cli_command(monkeypatch, capsys):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(script), run_name="__main__")
     assert exit_.value.code == 2 and "experiment must be one of" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("per_position", [False, True])
+def test_linear_fit_on_the_scalar_estimate_is_least_squares(per_position):
+    import numpy as np
+    import torch
+
+    from hf_icl.estimators import get_estimator
+    from hf_icl.reproduce.sgpt import LinearOnEstimate
+
+    g = torch.Generator().manual_seed(0)
+    xs, ys = (
+        torch.randn(200, 6, 3, generator=g, dtype=torch.float64),
+        torch.randn(200, 6, generator=g, dtype=torch.float64),
+    )
+    fit = LinearOnEstimate("exponential", per_position=per_position).fit(xs, ys)
+    estimate = get_estimator("nadaraya_watson", kernel="exp")(xs, ys).numpy()  # ψ_exp's label entry
+    if per_position:
+        # position 0's estimate is constantly 0: the minimum-norm fit is slope 0 and the mean label
+        expected = [(0.0, float(ys[:, 0].mean()))] + [
+            np.polyfit(estimate[:, i], ys[:, i].numpy(), 1) for i in range(1, 6)
+        ]
+    else:
+        expected = [np.polyfit(estimate.ravel(), ys.numpy().ravel(), 1)] * 6
+    slope = fit.slope.expand(6).numpy()
+    intercept = fit.intercept.expand(6).numpy()
+    for i, (a, b) in enumerate(expected):
+        np.testing.assert_allclose([slope[i], intercept[i]], [a, b], rtol=1e-6, atol=1e-9)
+    preds = fit(xs.float(), ys.float())
+    np.testing.assert_allclose(preds.numpy(), slope * estimate + intercept, rtol=1e-5, atol=1e-5)

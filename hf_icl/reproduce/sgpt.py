@@ -25,7 +25,8 @@ from ..data.tasks import make_task
 from ..estimators import get_estimator
 from ..evaluation import evaluate_context_scaling
 from ..evaluation.baselines import estimator_for_task
-from ..modeling import build_model
+from ..modeling.sgpt.feature_maps import feature_map as apply_feature_map
+from ..modeling.sgpt.feature_maps import prompt_matrix
 from .plots import plot_sweep
 from .runs import Report, comparable, improves, log, model_fields, train_or_reuse, verdict
 
@@ -429,7 +430,10 @@ def fig6(ctx: Context) -> None:
         trained[f"MLP on {psi}(A)_N,:"] = ctx.train(
             f"fig6_row_{feature_map}", model_type, fields, task, params, n_dims=d, n_points=41
         )
-        trained[f"linear on {psi}(A)_N,d+1"] = fit_linear_on_estimate(ctx, feature_map, task, params, d, 41)
+        for per_position, how in ((False, "one fit"), (True, "a fit per N")):
+            trained[f"linear on {psi}(A)_N,d+1 ({how})"] = fit_linear_on_estimate(
+                ctx, feature_map, task, params, d, 41, per_position=per_position
+            )
     result = ctx.evaluate(
         trained, task, params, n_dims=d, n_points=41, plot="curves", title="Fig. 6: row of ψ vs its last entry"
     )
@@ -437,7 +441,7 @@ def fig6(ctx: Context) -> None:
     ctx.report.add(table(rows, lengths, "N →"))
     ctx.report.numbers["curves"] = {"lengths": lengths, **rows}
     for psi in FEATURE_MAP_NAMES.values():
-        row, scalar = rows[f"MLP on {psi}(A)_N,:"], rows[f"linear on {psi}(A)_N,d+1"]
+        row, scalar = rows[f"MLP on {psi}(A)_N,:"], rows[f"linear on {psi}(A)_N,d+1 (a fit per N)"]
         ctx.report.claim(
             f"the scalar {psi}(A)_N,d+1 is as good as the row {psi}(A)_N,: for context-scaling",
             "the two curves match",
@@ -446,25 +450,39 @@ def fig6(ctx: Context) -> None:
         )
 
 
-def fit_linear_on_estimate(ctx: Context, feature_map: str, task: str, params: dict, d: int, n_points: int):
-    """The document's "linear regression on the scalar ψ_K(A)_N,d+1": an ``mlp_icl`` model with no hidden
-    layer on ``mlp_input="estimate"``, its two weights fitted by least squares (closed form, float64) on
-    as many training prompts as the other models see, every position pooled (one fit for all lengths)."""
-    model = build_model(
-        "mlp_icl", None, n_dims=d, n_points=n_points, mlp_input="estimate", feature_map=feature_map, n_hidden_layers=0
-    )
+class LinearOnEstimate:
+    """The document's "linear regression on the scalar ψ_K(A)_N,d+1": ``ŷ_i = a_i · s_i + b_i`` with ``s_i`` the
+    label entry of ψ_K at position i, (a, b) fitted by least squares (closed form, float64) on training
+    prompts, either one pair for every context length (``per_position=False``) or one per length."""
+
+    def __init__(self, feature_map: str, per_position: bool):
+        self.feature_map, self.per_position = feature_map, per_position
+        self.slope = self.intercept = None
+
+    def estimates(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return apply_feature_map(prompt_matrix(xs.double(), ys.double()), self.feature_map)[..., -1]
+
+    def fit(self, xs: torch.Tensor, ys: torch.Tensor) -> LinearOnEstimate:
+        s, y = self.estimates(xs, ys), ys.double()
+        if not self.per_position:
+            s, y = s.reshape(-1, 1), y.reshape(-1, 1)
+        # simple regression in closed form, per column; a constant estimate (position 0 has none) gets
+        # slope 0 and the mean label
+        s_centred, y_centred = s - s.mean(0), y - y.mean(0)
+        variance = s_centred.square().sum(0)
+        self.slope = torch.where(variance > 0, (s_centred * y_centred).sum(0) / variance.clamp_min(1e-300), 0.0)
+        self.intercept = y.mean(0) - self.slope * s.mean(0)
+        return self
+
+    def __call__(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return (self.slope * self.estimates(xs, ys) + self.intercept).to(xs.dtype)
+
+
+def fit_linear_on_estimate(ctx: Context, feature_map: str, task: str, params: dict, d: int, n_points: int, **kw):
     family = make_task({"name": task, "n_dims": d, **params})
     n_prompts = min((ctx.steps or ctx.scale.steps) * ctx.scale.batch_size, 20_000)
     xs, ys = family.sample(n_prompts, n_points, seed=ctx.seed)
-    with torch.no_grad():
-        estimate = model.model_inputs(xs, ys).reshape(-1, 1).double()
-        design = torch.cat((estimate, torch.ones_like(estimate)), dim=1)
-        (slope, intercept), *_ = torch.linalg.lstsq(design, ys.reshape(-1, 1).double())
-        model.head.read_out.weight.fill_(float(slope))
-        model.head.read_out.bias.fill_(float(intercept))
-    fit = f"y ≈ {float(slope):.4g}·s + {float(intercept):.3g}"
-    log(f"fitted linear on the {feature_map} estimate: {fit} ({n_prompts} prompts)")
-    return model.eval()
+    return LinearOnEstimate(feature_map, **kw).fit(xs, ys)
 
 
 FIG7_TASKS = {
