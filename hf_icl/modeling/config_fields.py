@@ -95,6 +95,17 @@ def check_config_kwargs(config, kwargs: dict[str, Any]) -> dict[str, Any]:
     return kwargs
 
 
+def check_prompt_fields(config) -> None:
+    """Validate the prompt fields every ICL config has: ``n_dims``, ``n_points``, ``target_kind``, ``n_classes``."""
+    from ..validation import check_choice, check_int
+    from .prompts import TARGET_KINDS
+
+    check_int("n_dims", config.n_dims, low=1)
+    check_int("n_points", config.n_points, low=1)
+    check_choice("target_kind", config.target_kind, TARGET_KINDS)
+    check_int("n_classes", config.n_classes, low=2)
+
+
 def _unknown_fields_message(owner: str, unknown: list[str], known: list[str]) -> str:
     parts = []
     for key in unknown:

@@ -70,6 +70,20 @@ def check_prompt(
         _check_prompt_values(xs, ys, target_kind, n_classes)
 
 
+def check_model_prompt(config, xs: torch.Tensor, ys: torch.Tensor, *, check_values: bool = True, device=None) -> None:
+    """:func:`check_prompt` against an ICL config: its ``n_dims``, ``n_points``, ``target_kind`` and ``n_classes``."""
+    check_prompt(
+        xs,
+        ys,
+        config.n_dims,
+        config.n_points,
+        target_kind=config.target_kind,
+        n_classes=config.n_classes,
+        check_values=check_values,
+        device=device,
+    )
+
+
 def _valid_targets(ys: torch.Tensor, target_kind: str, n_classes: int | None) -> torch.Tensor:
     """Bool mask of the entries of ``ys`` that are valid targets of ``target_kind``."""
     if target_kind == "binary":

@@ -6,8 +6,8 @@ from transformers import GPT2Config
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs
-from ..prompts import PROMPT_FORMATS, TARGET_KINDS
+from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..prompts import PROMPT_FORMATS
 
 #: initialisations of the read-in and read-out layers (see ``GPT2ICLConfig.io_init``)
 IO_INITS = ("gpt2", "garg")
@@ -67,10 +67,7 @@ class GPT2ICLConfig(GPT2Config):
 
     def __post_init__(self, **kwargs):
         kwargs = check_config_kwargs(self, kwargs)  # unknown fields (typos) are errors, not silent defaults
-        check_int("n_dims", self.n_dims, low=1)
-        check_int("n_points", self.n_points, low=1)
-        check_choice("target_kind", self.target_kind, TARGET_KINDS)
-        check_int("n_classes", self.n_classes, low=2)
+        check_prompt_fields(self)
         check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
         check_choice("io_init", self.io_init, IO_INITS)
         for name in ("n_embd", "n_layer", "n_head"):

@@ -18,7 +18,7 @@ from transformers.models.gpt2.modeling_gpt2 import GPT2PreTrainedModel
 
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_prompt, encode_labels
+from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_model_prompt, encode_labels
 from .configuration_gpt2_icl import GPT2ICLConfig
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
@@ -67,16 +67,7 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
     ) -> BaseModelOutput:
         """``check_inputs``: see :meth:`GPT2ForInContextRegression.forward`."""
         config = self.config
-        check_prompt(
-            xs,
-            ys,
-            config.n_dims,
-            config.n_points,
-            target_kind=config.target_kind,
-            n_classes=config.n_classes,
-            check_values=check_inputs,
-            device=self.read_in.weight.device,
-        )
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.weight.device)
         check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         labels = encode_labels(ys, self.config.target_kind, self.config.n_classes)
         embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))

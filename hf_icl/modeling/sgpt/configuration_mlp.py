@@ -9,8 +9,7 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs
-from ..prompts import TARGET_KINDS
+from ..config_fields import check_config_kwargs, check_prompt_fields
 from .feature_maps import FEATURE_MAPS
 
 #: what the MLP reads at each position (see :class:`MLPICLConfig`)
@@ -80,10 +79,7 @@ class MLPICLConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         kwargs = check_config_kwargs(self, kwargs)  # unknown fields (typos) are errors, not silent defaults
-        check_int("n_dims", self.n_dims, low=1)
-        check_int("n_points", self.n_points, low=1)
-        check_choice("target_kind", self.target_kind, TARGET_KINDS)
-        check_int("n_classes", self.n_classes, low=2)
+        check_prompt_fields(self)
         check_choice("mlp_input", self.mlp_input, type(self).mlp_inputs)
         check_choice("feature_map", self.feature_map, FEATURE_MAPS)
         if self.kernel_bandwidth is not None:

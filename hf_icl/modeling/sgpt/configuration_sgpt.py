@@ -6,8 +6,8 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs
-from ..prompts import PROMPT_FORMATS, TARGET_KINDS
+from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..prompts import PROMPT_FORMATS
 
 #: how a row of attention scores HHᵀ becomes weights (the document's φ)
 NORMALIZATIONS = ("l1", "softmax", "none", "relu")
@@ -63,10 +63,7 @@ class SGPTConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         kwargs = check_config_kwargs(self, kwargs)
-        check_int("n_dims", self.n_dims, low=1)
-        check_int("n_points", self.n_points, low=1)
-        check_choice("target_kind", self.target_kind, TARGET_KINDS)
-        check_int("n_classes", self.n_classes, low=2)
+        check_prompt_fields(self)
         check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
         check_int("n_embd", self.n_embd, low=1)
         check_int("n_layer", self.n_layer, low=1)

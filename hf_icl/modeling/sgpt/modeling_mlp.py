@@ -20,7 +20,7 @@ from transformers.activations import ACT2FN
 from ...estimators._prefix import exclusive_cumsum
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import check_forward_kwargs, check_prompt, encode_labels
+from ..prompts import check_forward_kwargs, check_model_prompt, encode_labels
 from .configuration_mlp import MLPICLConfig, OneLayerFeatureMapConfig
 from .feature_maps import feature_map, prompt_matrix
 
@@ -110,16 +110,7 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
                 f"got {', '.join(f'{key}={kwargs[key]!r}' for key in unused)}"
             )
         weight = self.head.read_out.weight
-        check_prompt(
-            xs,
-            ys,
-            config.n_dims,
-            config.n_points,
-            target_kind=config.target_kind,
-            n_classes=config.n_classes,
-            check_values=check_inputs,
-            device=weight.device,
-        )
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=weight.device)
         if output_hidden_states is None:
             output_hidden_states = config.output_hidden_states
         labels = encode_labels(ys, config.target_kind, config.n_classes)
@@ -163,15 +154,7 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
         """
         config = self.config
         dtype = self.head.read_out.weight.dtype
-        check_prompt(
-            xs,
-            ys,
-            config.n_dims,
-            config.n_points,
-            target_kind=config.target_kind,
-            n_classes=config.n_classes,
-            device=self.head.read_out.weight.device,
-        )
+        check_model_prompt(config, xs, ys, device=self.head.read_out.weight.device)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         features = self.input_features(xs, labels)
         return self._materialised_inputs(xs.to(dtype), labels.to(dtype), features)

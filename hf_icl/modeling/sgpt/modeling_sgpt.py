@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_prompt, encode_labels
+from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_model_prompt, encode_labels
 from .configuration_sgpt import SGPTConfig
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
@@ -148,16 +148,7 @@ class SGPTModel(SGPTPreTrainedModel):
     ) -> BaseModelOutput:
         """``check_inputs``: see :meth:`SGPTForInContextRegression.forward`."""
         config = self.config
-        check_prompt(
-            xs,
-            ys,
-            config.n_dims,
-            config.n_points,
-            target_kind=config.target_kind,
-            n_classes=config.n_classes,
-            check_values=check_inputs,
-            device=self.read_in.device,
-        )
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.device)
         _check_no_extra_kwargs(type(self).__name__, kwargs)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         tokens = self.prompt.tokens(xs.to(self.read_in.dtype), labels) @ self.read_in
@@ -253,7 +244,7 @@ def per_prefix_predictions(model: SGPTForInContextRegression, xs: torch.Tensor, 
     config = model.config
     if config.prompt_format != "concatenated":
         raise ValueError(f"per-prefix matrices exist for prompt_format='concatenated', got {config.prompt_format!r}")
-    check_prompt(xs, ys, config.n_dims, config.n_points, target_kind=config.target_kind, n_classes=config.n_classes)
+    check_model_prompt(config, xs, ys)
     rows = torch.cat((xs, encode_labels(ys, config.target_kind, config.n_classes).to(xs.dtype)), dim=-1)
     outputs = []
     for i in range(xs.shape[1]):
