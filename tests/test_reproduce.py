@@ -1,6 +1,7 @@
 """hf-icl reproduce: every SGPT figure's plumbing end to end at a toy scale, reuse of finished runs, the CLI."""
 
 import json
+import re
 
 import pytest
 
@@ -28,15 +29,15 @@ def run_toy(tmp_path, name, capsys=None):
     return path, json.loads((path.parent / "results.json").read_text())
 
 
-@pytest.mark.parametrize("name", ["fig2", "fig6"])
+@pytest.mark.parametrize("name", sorted(EXPERIMENTS))
 def test_a_figure_runs_end_to_end_and_reports_a_verdict_per_claim(tmp_path, name):
     path, summary = run_toy(tmp_path, name)
     text = path.read_text()
     assert summary["claims"] and all(claim["verdict"] in VERDICTS for claim in summary["claims"])
     assert text.count("| **") == len(summary["claims"])  # one table row per claim, verdict in bold
     assert "size: toy" in text and "command: `test " + name in text and "hardware:" in text
-    for image in [line.split("(")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]:
-        assert (path.parent / image).is_file()
+    images = re.findall(r"^!\[.*\]\((\S+\.png)\)$", text, flags=re.MULTILINE)
+    assert images and all((path.parent / image).is_file() for image in images)
     assert summary["numbers"]
 
 

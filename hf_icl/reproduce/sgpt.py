@@ -130,6 +130,14 @@ class Context:
             self.report.add_plot(path, title)
         return result
 
+    def sweep(
+        self, name: str, x: Sequence, curves: dict, *, caption: str, corner: str, table_rows=None, **plot
+    ) -> None:
+        """Plot ``curves`` over ``x`` (:func:`plot_sweep` keywords), add the plot with ``caption`` and the table
+        (``table_rows``, default the curves) to the report."""
+        self.report.add_plot(plot_sweep(self.report.plot_path(name), x, curves, **plot), caption)
+        self.report.add(table(table_rows or curves, x, corner))
+
     # -- the models the document compares --------------------------------------------------------
     def gpt2(self, **extra) -> tuple[str, dict]:
         """GPT-2 reading the document's concatenated ``[x, y]`` rows (read-in/out initialised like GPT-2)."""
@@ -190,32 +198,32 @@ def fig1(ctx: Context) -> None:
     pos = 10
     task_scaling = {label: [float(result.values[f"{label} T={t}"][pos]) for t in pools] for label in models}
     ctx.report.numbers["task_scaling_at_10"] = {"pools": pools, **task_scaling}
-    path = plot_sweep(
-        ctx.report.plot_path("task_scaling"),
+    ctx.sweep(
+        "task_scaling",
         pools,
         task_scaling,
+        caption="Fig. 1A: error at 10 in-context examples against the number of pre-training tasks",
+        corner="T →",
         xlabel="pre-training tasks T",
         ylabel="squared error / d (fresh tasks)",
         title=f"Fig. 1A: task-scaling at {pos} examples (d={d})",
         log_x=True,
         references={"least squares": float(result.values["least_squares"][pos])},
     )
-    ctx.report.add_plot(path, "Fig. 1A: error at 10 in-context examples against the number of pre-training tasks")
-    ctx.report.add(table(task_scaling, pools, "T →"))
     big = pools[-1]
     context_scaling = {label: at(result, f"{label} T={big}", lengths) for label in models}
     context_scaling["least squares"] = at(result, "least_squares", lengths)
     ctx.report.numbers["context_scaling"] = {"T": big, "lengths": lengths, **context_scaling}
-    path = plot_sweep(
-        ctx.report.plot_path("context_scaling"),
+    ctx.sweep(
+        "context_scaling",
         lengths,
         context_scaling,
+        caption=f"Fig. 1B: error against context length, models pre-trained on T={big} tasks",
+        corner="N →",
         xlabel="in-context examples N",
         ylabel="squared error / d",
         title=f"Fig. 1B: context-scaling, T={big}",
     )
-    ctx.report.add_plot(path, f"Fig. 1B: error against context length, models pre-trained on T={big} tasks")
-    ctx.report.add(table(context_scaling, lengths, "N →"))
     ctx.report.claim(
         "both GPT-2 and the vectorised MLP task-scale",
         "Fig. 1A: both errors fall as T grows",
@@ -282,18 +290,19 @@ def _ridge_sweep(ctx: Context, trained: dict, params: dict, d: int, position: in
     result = ctx.evaluate({**trained, **ridges}, "noisy_linear_regression", params, n_dims=d, n_points=position + 1)
     curve = [float(result.values[name][position]) for name in ridges]
     references = {name: float(result.values[name][position]) for name in trained}
-    path = plot_sweep(
-        ctx.report.plot_path(f"ridge_sweep_sigma{params['noise_std']}"),
+    ctx.sweep(
+        f"ridge_sweep_sigma{params['noise_std']}",
         lambdas,
         {"ridge": curve},
+        caption=f"Right panel: ridge's error against λ at N={position}; dashed: the trained models",
+        corner="λ →",
+        table_rows={"ridge": curve, **{k: [v] * len(lambdas) for k, v in references.items()}},
         xlabel="ridge penalty λ",
         ylabel="squared error / d",
         title=f"ridge vs λ at N={position}, σ={params['noise_std']}",
         log_x=True,
         references=references,
     )
-    ctx.report.add_plot(path, f"Right panel: ridge's error against λ at N={position}; dashed: the trained models")
-    ctx.report.add(table({"ridge": curve, **{k: [v] * len(lambdas) for k, v in references.items()}}, lambdas, "λ →"))
 
 
 def fig2(ctx: Context) -> None:
@@ -398,16 +407,16 @@ def fig5(ctx: Context) -> None:
         )
         curves[task] = at(result, "SGPT (1 layer)", lengths)
     ctx.report.numbers["one_layer_sgpt"] = {"lengths": lengths, **curves}
-    path = plot_sweep(
-        ctx.report.plot_path("one_layer"),
+    ctx.sweep(
+        "one_layer",
         lengths,
         curves,
+        caption="Fig. 5: one-layer SGPT, error against context length, four task families",
+        corner="N →",
         xlabel="context length N (trained and tested)",
         ylabel="squared error / E[y²]",
         title=f"Fig. 5: one-layer SGPT, d={d}",
     )
-    ctx.report.add_plot(path, "Fig. 5: one-layer SGPT, error against context length, four task families")
-    ctx.report.add(table(curves, lengths, "N →"))
     for task, values in curves.items():
         ctx.report.claim(
             f"one-layer SGPT context-scales on {task}",
@@ -528,18 +537,18 @@ def fig7(ctx: Context) -> None:
             ("task", pools, task_scaling, "pre-training tasks T", True),
             ("context", lengths, context_scaling, "in-context examples N", False),
         ):
-            path = plot_sweep(
-                ctx.report.plot_path(f"{tag.replace(' ', '_').replace('-', '')}_{kind}_scaling"),
+            ctx.sweep(
+                f"{tag.replace(' ', '_').replace('-', '')}_{kind}_scaling",
                 x,
                 curves,
+                caption=f"Fig. 7 ({tag}): {kind}-scaling of the MLP inputs",
+                corner="T →" if kind == "task" else "N →",
                 xlabel=xlabel,
                 ylabel="squared error / E[y²]",
                 title=f"Fig. 7{'A' if kind == 'task' else 'B'}: {tag}, {kind}-scaling"
                 + (f" at N={position}" if kind == "task" else f", T={pools[-1]}"),
                 log_x=log_x,
             )
-            ctx.report.add_plot(path, f"Fig. 7 ({tag}): {kind}-scaling of the MLP inputs")
-            ctx.report.add(table(curves, x, "T →" if kind == "task" else "N →"))
         _fig7_claims(ctx, tag, task_scaling, context_scaling)
 
 
