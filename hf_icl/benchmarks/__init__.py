@@ -10,6 +10,7 @@ BENCHMARKS = {
     "cab": "CAB block-sparse attention against dense SDPA: coarsening, prefill, FlexAttention, GPT-2 prefill, decode",
     "estimators": "LeastSquares against the per-prefix lstsq loop, then every estimator's time per prompt",
     "samplers": "prompts per second of every task family's sampler",
+    "sgpt": "SGPT against GPT-2 ICL: train step (same width and depth), one-pass vs per-prefix all-prefix forward",
 }
 
 
