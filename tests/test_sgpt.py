@@ -267,7 +267,9 @@ def test_the_trainer_trains_sgpt_and_reloads_it(tmp_path):
 
     xs, ys = get_task("linear_regression", n_dims=3).sample(256, 6, seed=7)
     untrained = build_model("sgpt", "tiny", n_dims=3, n_points=6).eval()
-    result = train(tiny_args(tmp_path, model_type="sgpt", train_steps=200, batch_size=32, save_every=0, learning_rate=3e-3))
+    result = train(
+        tiny_args(tmp_path, model_type="sgpt", train_steps=200, batch_size=32, save_every=0, learning_rate=3e-3)
+    )
     model = result.model.eval()
     assert isinstance(model, SGPTForInContextRegression)
     with torch.no_grad():
@@ -275,3 +277,29 @@ def test_the_trainer_trains_sgpt_and_reloads_it(tmp_path):
         assert after < 0.75 * before, (before, after)  # 3.15 -> 2.01 measured
         reloaded = AutoModel.from_pretrained(tmp_path).eval()
         assert torch.equal(reloaded(xs, ys).predictions, model(xs, ys).predictions)
+
+
+def test_attention_scores_stay_float32_under_autocast():
+    model = tiny(dtype=torch.float32)
+    block = model.model.layers[0]
+    h = torch.randn(2, 2 * N, 8) * 3
+    plain = block._attend_context(h)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        autocast = block._attend_context(h)
+        queries = block._attend_queries(h[:, :N], h[:, N:])
+    assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+    assert torch.equal(queries, block._attend_queries(h[:, :N], h[:, N:]))
+
+
+@pytest.mark.parametrize("prompt_format", ["concatenated", "interleaved"])
+def test_query_states_only_skips_nothing_that_a_prediction_reads(prompt_format):
+    model = tiny(dtype=torch.float32, prompt_format=prompt_format)
+    xs, ys = prompt(dtype=torch.float32)
+    with torch.no_grad():
+        full = model.model(xs, ys).last_hidden_state
+        queries = model.model(xs, ys, queries_only=True).last_hidden_state
+        with_states = model.model(xs, ys, queries_only=True, output_hidden_states=True)
+    assert queries.shape == (2, N, 8)
+    torch.testing.assert_close(queries, full[:, 0::2], rtol=0, atol=0)
+    torch.testing.assert_close(with_states.last_hidden_state, queries, rtol=0, atol=0)
+    torch.testing.assert_close(with_states.hidden_states[-1], full, rtol=0, atol=0)  # every token when asked

@@ -52,6 +52,17 @@ def attention_weights(scores: torch.Tensor, allowed: torch.Tensor, normalization
     return scores  # "none"
 
 
+def _full_precision(method):
+    """Run ``method(self, first, ...)`` with autocast off on the device of its first tensor."""
+
+    def wrapped(self, first: torch.Tensor, *args):
+        with torch.autocast(device_type=first.device.type, enabled=False):
+            return method(self, first, *args)
+
+    wrapped.__doc__ = method.__doc__
+    return wrapped
+
+
 class SGPTBlock(GradientCheckpointingLayer):
     """One SGPT layer applied to the context stream and, if given, to the query stream."""
 
@@ -64,21 +75,24 @@ class SGPTBlock(GradientCheckpointingLayer):
         self.scale = 1 / math.sqrt(config.n_embd) if config.scale_attn_weights else 1.0
 
     def forward(
-        self, context: torch.Tensor, queries: torch.Tensor | None = None
+        self, context: torch.Tensor, queries: torch.Tensor | None = None, update_context: bool = True
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        attended = self._attend_context(context)
-        new_context = self._update(context, attended)
-        if queries is None:
-            return new_context, None
-        return new_context, self._update(queries, self._attend_queries(queries, context))
+        """The layer on both streams; with ``update_context=False`` (and queries) the context rows come back
+        as they went in: the last layer's context outputs feed no prediction, so the model skips them."""
+        new_queries = None if queries is None else self._update(queries, self._attend_queries(queries, context))
+        if not update_context and queries is not None:
+            return context, new_queries
+        return self._update(context, self._attend_context(context)), new_queries
 
     def _update(self, hidden: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
         """Eq. 13: ``σ(g(H) W_proj + H W_MLP) + g(H) W_proj + H``."""
         attended = self.proj(attended)
         return self.act(attended + self.mlp(hidden)) + attended + hidden
 
-    # The scores and their normalisation run in float32: HHᵀ of un-normalised hidden states overflows
-    # float16, and an l1 norm summed in bfloat16 loses the small weights.
+    # The scores and their normalisation run in float32 (autocast off, or it would cast the matmuls back
+    # down): HHᵀ of un-normalised hidden states overflows float16, and an l1 norm summed in bfloat16
+    # loses the small weights.
+    @_full_precision
     def _attend_context(self, context: torch.Tensor) -> torch.Tensor:
         """``φ(HHᵀ) H`` under the causal mask: row t mixes rows ``s <= t``."""
         h = _at_least_float32(context)
@@ -87,6 +101,7 @@ class SGPTBlock(GradientCheckpointingLayer):
         weights = attention_weights(h @ h.transpose(1, 2) * self.scale, causal, self.normalization)
         return (weights @ h).to(context.dtype)
 
+    @_full_precision
     def _attend_queries(self, queries: torch.Tensor, context: torch.Tensor) -> torch.Tensor:
         """Query ``i`` mixes the context rows ``j < i`` and itself, normalised together."""
         q, c = _at_least_float32(queries), _at_least_float32(context)
@@ -144,9 +159,15 @@ class SGPTModel(SGPTPreTrainedModel):
         ys: torch.Tensor,
         output_hidden_states: bool | None = None,
         check_inputs: bool = True,
+        queries_only: bool = False,
         **kwargs,
     ) -> BaseModelOutput:
-        """``check_inputs``: see :meth:`SGPTForInContextRegression.forward`."""
+        """``check_inputs``: see :meth:`SGPTForInContextRegression.forward`.
+
+        ``queries_only``: return only the states of the tokens that predict, ``(B, N, n_embd)`` (the query rows,
+        or the x tokens of the interleaved format). In the concatenated format the last layer then skips the
+        context rows, whose outputs nothing reads (unless ``output_hidden_states`` asks for every token).
+        """
         config = self.config
         check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.device)
         _check_no_extra_kwargs(type(self).__name__, kwargs)
@@ -157,11 +178,17 @@ class SGPTModel(SGPTPreTrainedModel):
         else:
             queries, context = None, tokens
         hidden_states = (_merge(queries, context),) if output_hidden_states else None
-        for layer in self.layers:
-            context, queries = layer(context, queries)
+        skip_last_context = queries_only and queries is not None and not output_hidden_states
+        for index, layer in enumerate(self.layers):
+            last = index == len(self.layers) - 1
+            context, queries = layer(context, queries, update_context=not (last and skip_last_context))
             if output_hidden_states:
                 hidden_states += (_merge(queries, context),)
-        return BaseModelOutput(last_hidden_state=_merge(queries, context), hidden_states=hidden_states)
+        if queries_only:
+            last_hidden = context[:, self.prompt.query_positions(xs.shape[1])] if queries is None else queries
+        else:
+            last_hidden = _merge(queries, context)
+        return BaseModelOutput(last_hidden_state=last_hidden, hidden_states=hidden_states)
 
     def forward_rows(self, rows: torch.Tensor) -> torch.Tensor:
         """The document's model on matrices of rows ``(B, n, token_width)``: the output of every row under
@@ -228,10 +255,10 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
                 at the cost of one device sync; shapes, dtypes and devices are checked either way.
         """
         _check_no_extra_kwargs(type(self).__name__, kwargs)
-        base = self.model(xs, ys, output_hidden_states=output_hidden_states, check_inputs=check_inputs)
-        n_points = xs.shape[1]
-        hidden = base.last_hidden_state[:, self.model.prompt.query_positions(n_points)]
-        out = self.head(hidden, ys, loss_mask_for(loss_positions, n_points, xs.device))
+        base = self.model(
+            xs, ys, output_hidden_states=output_hidden_states, check_inputs=check_inputs, queries_only=True
+        )
+        out = self.head(base.last_hidden_state, ys, loss_mask_for(loss_positions, xs.shape[1], xs.device))
         out.hidden_states = base.hidden_states
         return out
 
