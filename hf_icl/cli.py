@@ -647,6 +647,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--full", action="store_true", help="the document's sizes (for a GPU); default: CPU-sized")
     rep.add_argument("--output-dir", default="outputs/reproduce", help="where runs, plots and results go")
     rep.add_argument("--steps", type=int, default=None, help="override the training steps of every run")
+    rep.add_argument("--mlp-steps", type=int, default=None, help="override the training steps of the MLP runs only")
     rep.add_argument("--seed", type=int, default=0, help="seed of weights, training and evaluation prompts")
     rep.add_argument("--retrain", action="store_true", help="retrain runs that finished with the same arguments")
     rep.set_defaults(run=run_reproduce)
@@ -657,8 +658,9 @@ def run_reproduce(args) -> int:
     from .reproduce import reproduce
     from .validation import check_int
 
-    if args.steps is not None:
-        check_int("--steps", args.steps, low=1)
+    for flag, value in (("--steps", args.steps), ("--mlp-steps", args.mlp_steps)):
+        if value is not None:
+            check_int(flag, value, low=1)
     command = (
         "hf-icl " + " ".join(sys.argv[1:])
         if sys.argv[1:2] == ["reproduce"]
@@ -672,6 +674,7 @@ def run_reproduce(args) -> int:
         seed=args.seed,
         retrain=args.retrain,
         steps=args.steps,
+        mlp_steps=args.mlp_steps,
         command=command,
     )
     print(path.read_text())

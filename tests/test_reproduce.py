@@ -109,3 +109,17 @@ def test_linear_fit_on_the_scalar_estimate_is_least_squares(per_position):
         np.testing.assert_allclose([slope[i], intercept[i]], [a, b], rtol=1e-6, atol=1e-9)
     preds = fit(xs.float(), ys.float())
     np.testing.assert_allclose(preds.numpy(), slope * estimate + intercept, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_that_learned_nothing_makes_its_claim_untestable():
+    from hf_icl.reproduce.runs import learned, verdict
+
+    assert learned([1.0, 0.85], trivial=1.0) and not learned([0.95, 1.02], trivial=1.0)
+    assert verdict(True, testable=False) == "not testable at this size" == verdict(False, testable=False)
+    assert verdict(True) == "holds" and verdict(False) == "does not hold"
+
+
+def test_mlp_steps_apply_to_the_mlp_runs_only(tmp_path, capsys):
+    reproduce("sgpt", "fig1", output_dir=tmp_path, scale=TOY, mlp_steps=3)
+    out = capsys.readouterr().out
+    assert out.count("mlp_icl, 3 steps") == 4 and out.count("gpt2_icl, 2 steps") == 4

@@ -84,8 +84,17 @@ class Claim:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
 
 
-def verdict(ok: bool) -> str:
+def verdict(ok: bool, testable: bool = True) -> str:
+    """ "holds" / "does not hold", or "not testable at this size" when the measurement cannot decide."""
+    if not testable:
+        return VERDICTS[2]
     return VERDICTS[0] if ok else VERDICTS[1]
+
+
+def learned(errors: list[float], trivial: float, factor: float = 0.9) -> bool:
+    """True when a model beat ``factor`` times the zero predictor's error somewhere: a model that never did
+    learned nothing at this budget, and whether it scales cannot be told from its curves."""
+    return min(errors) < factor * trivial
 
 
 def improves(errors: list[float], factor: float = 0.8) -> bool:
