@@ -462,9 +462,10 @@ def fig6(ctx: Context) -> None:
         row, scalar = rows[f"MLP on {psi}(A)_N,:"], rows[f"linear on {psi}(A)_N,d+1 (a fit per N)"]
         ctx.report.claim(
             f"the scalar {psi}(A)_N,d+1 is as good as the row {psi}(A)_N,: for context-scaling",
-            "the two curves match",
+            "the scalar does as well as the row at every N",
             f"row {fmt(row)}; scalar {fmt(scalar)}",
-            verdict(all(comparable(a, b) for a, b in zip(row, scalar, strict=True)) and improves(scalar)),
+            # "as good as": never more than 1.5x worse than the row (better is as good), and context-scaling
+            verdict(all(s <= 1.5 * r for r, s in zip(row, scalar, strict=True)) and improves(scalar)),
         )
 
 
