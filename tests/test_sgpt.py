@@ -303,3 +303,27 @@ def test_query_states_only_skips_nothing_that_a_prediction_reads(prompt_format):
     torch.testing.assert_close(queries, full[:, 0::2], rtol=0, atol=0)
     torch.testing.assert_close(with_states.last_hidden_state, queries, rtol=0, atol=0)
     torch.testing.assert_close(with_states.hidden_states[-1], full, rtol=0, atol=0)  # every token when asked
+
+
+@pytest.mark.parametrize("spelling", [None, "none"])
+def test_no_size_preset_takes_the_shape_from_model_overrides(spelling):
+    import json
+
+    from hf_icl.modeling import build_config
+    from hf_icl.training import ICLTrainingArguments
+
+    shape = {"n_embd": 24, "n_layer": 5}
+    args = ICLTrainingArguments(
+        model_type="sgpt",
+        model_size=spelling,
+        model_overrides=json.dumps(shape),
+        n_dims=3,
+        n_points=6,
+        report_to="none",
+    )
+    assert args.model_size is None
+    config = build_config("sgpt", None, **args.model_config_fields(args.task_family()))
+    assert (config.n_embd, config.n_layer, config.n_dims) == (24, 5, 3)
+    assert build_config("gpt2_icl", None, n_embd=32, n_layer=2, n_head=4).n_head == 4
+    with pytest.raises(ValueError, match="model_size must be one of"):
+        ICLTrainingArguments(model_type="sgpt", model_size="huge", report_to="none")
