@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import platform
+import sys
 import time
 from dataclasses import dataclass, field
 from datetime import date
@@ -39,7 +40,7 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
         output_dir=str(run_dir),
         overwrite_output_dir=True,
         report_to="none",
-        progress_bar=False,
+        progress_bar=sys.stderr.isatty(),  # a bar for a person at a terminal, clean logs otherwise
         eval_every=0,
         save_every=0,
         eval_prompts=arguments.pop("eval_prompts", 256),
