@@ -327,3 +327,12 @@ def test_no_size_preset_takes_the_shape_from_model_overrides(spelling):
     assert build_config("gpt2_icl", None, n_embd=32, n_layer=2, n_head=4).n_head == 4
     with pytest.raises(ValueError, match="model_size must be one of"):
         ICLTrainingArguments(model_type="sgpt", model_size="huge", report_to="none")
+
+
+def test_the_training_help_lists_every_registered_model_type():
+    from dataclasses import fields
+
+    from hf_icl.training import ICLTrainingArguments
+
+    help_text = next(f for f in fields(ICLTrainingArguments) if f.name == "model_type").metadata["help"]
+    assert all(model_type in help_text for model_type in MODEL_CLASSES)

@@ -62,7 +62,10 @@ class ICLTrainingArguments:
     curriculum_points_inc: int = field(default=2, metadata={"help": "points added per curriculum interval"})
     curriculum_points_interval: int = field(default=2000, metadata={"help": "steps between points increments"})
     # -- model ---------------------------------------------------------------------------------
-    model_type: str = field(default="gpt2_icl", metadata={"help": "registered ICL architecture"})
+    model_type: str = field(
+        default="gpt2_icl",
+        metadata={"help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map"},
+    )
     model_size: str | None = field(
         default="standard",
         metadata={"help": "size preset: tiny, small or standard; none: no preset (set the shape in model_overrides)"},
