@@ -34,6 +34,16 @@ from hf_icl.kernels import (
 )
 from hf_icl.modeling import build_model
 from hf_icl.modeling.prompts import check_prompt
+from hf_icl.modeling.sgpt import (
+    MLPICLConfig,
+    OneLayerFeatureMapConfig,
+    SGPTConfig,
+    SGPTForInContextRegression,
+    per_prefix_predictions,
+    psi_kernel,
+    psi_linear,
+)
+from hf_icl.reproduce import reproduce
 from hf_icl.training import ICLTrainingArguments
 
 # -- tiny fixtures shared by the rows (built once, on first use) -------------------------------------------------
@@ -694,8 +704,46 @@ DATA_ROWS = [
     ),
 ]
 
+
+@cache
+def sgpt_model():
+    torch.manual_seed(0)
+    return SGPTForInContextRegression(SGPTConfig(n_dims=3, n_points=5, n_embd=8, n_layer=1)).eval()
+
+
+SGPT_ROWS = [
+    # SGPT, the ψ feature maps and the document's MLPs (issue 12)
+    row("sgpt-normalization", lambda: SGPTConfig(normalization="l2"), ["normalization", "l2", "softmax"]),
+    row("sgpt-typo", lambda: SGPTConfig(normalisation="l1"), ["normalisation", "did you mean 'normalization'"]),
+    row("sgpt-n-layer", lambda: SGPTConfig(n_layer=0), ["n_layer", "got 0", "[1, +inf)"]),
+    row("sgpt-scale-flag", lambda: SGPTConfig(scale_attn_weights=1), ["scale_attn_weights", "True or False"]),
+    row("sgpt-preset-clash", lambda: SGPTConfig.from_preset("tiny", n_embd=8), ["size='tiny'", "n_embd"]),
+    row("sgpt-attn-impl", lambda: build_model("sgpt", "tiny", "sdpa"), ["attn_implementation", "'sdpa'", "sgpt"]),
+    row("sgpt-too-long", lambda: sgpt_model()(torch.randn(1, 6, 3), torch.randn(1, 6)), ["6 points", "n_points=5"]),
+    row("sgpt-nan", lambda: sgpt_model()(xs[:, :5], ys[:, :5].clone().fill_(float("nan"))), ["ys", "finite"]),
+    row("sgpt-kwarg", lambda: sgpt_model()(xs[:, :5], ys[:, :5], loss_position=[1]), ["did you mean 'loss_positions'"]),
+    row(
+        "sgpt-per-prefix-interleaved",
+        lambda: per_prefix_predictions(
+            SGPTForInContextRegression(
+                SGPTConfig(n_dims=3, n_points=5, n_embd=8, n_layer=1, prompt_format="interleaved")
+            ),
+            xs[:, :5],
+            ys[:, :5],
+        ),
+        ["prompt_format='concatenated'", "'interleaved'"],
+    ),
+    row("psi-kernel-name", lambda: psi_kernel(torch.randn(2, 4, 3), "gaussian"), ["kernel", "gaussian", "hilbert"]),
+    row("psi-bandwidth", lambda: psi_kernel(torch.randn(2, 4, 3), "hilbert", 0.5), ["bandwidth", "'hilbert'"]),
+    row("psi-shape", lambda: psi_linear(torch.randn(4)), ["A must have shape", "(4,)"]),
+    row("mlp-input", lambda: MLPICLConfig(mlp_input="tokens"), ["mlp_input", "tokens", "vectorized"]),
+    row("mlp-one-layer-input", lambda: OneLayerFeatureMapConfig(mlp_input="both"), ["mlp_input", "both", "features"]),
+    row("reproduce-experiment", lambda: reproduce("sgpt", "fig8"), ["experiment", "fig8", "fig1"]),
+    row("reproduce-paper", lambda: reproduce("gpt", "fig1"), ["paper", "gpt", "sgpt"]),
+]
+
 API_ROWS = MODEL_ROWS + CONFIG_ROWS + CAB_ROWS + ESTIMATOR_ROWS + KERNEL_ROWS + TASK_ROWS + EVALUATION_ROWS
-API_ROWS += TRAINING_ROWS + DATA_ROWS
+API_ROWS += TRAINING_ROWS + DATA_ROWS + SGPT_ROWS
 
 
 @pytest.fixture(scope="module")
@@ -853,6 +901,10 @@ CLI_ROWS = [
     cli("compare-task-params-syntax", "compare --task-params '{bad'", ["--task-params", "not valid JSON"], usage=True),
     cli("compare-task-choice", "compare --task nope", ["--task", "invalid choice", "nope"], usage=True),
     cli("compare-int", "compare --n-prompts many", ["--n-prompts", "invalid int value", "many"], usage=True),
+    # reproduce / bench sgpt
+    cli("reproduce-experiment", "reproduce sgpt fig9", ["experiment", "fig9", "fig7"]),
+    cli("reproduce-steps", "reproduce sgpt fig1 --mlp-steps 0", ["--mlp-steps", "got 0", "[1, +inf)"]),
+    cli("reproduce-paper", "reproduce kernel fig1", ["invalid choice", "'kernel'"], usage=True),
     # niah
     cli("niah-model-missing", "niah --model {tmp}/nonexistent", ["--model", "no such directory"]),
     cli("niah-model-file", "niah --model {tmp}/a_file", ["--model", "a_file", "must be a directory"]),
