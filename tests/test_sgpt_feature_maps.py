@@ -186,3 +186,11 @@ def test_bad_inputs(call, match):
     A = prompt_matrix(*prompt())
     with pytest.raises(ValueError, match=match):
         call(A)
+
+
+def test_nadaraya_watsons_names_of_the_exponential_kernel_are_accepted():
+    A = torch.randn(2, 6, 4, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    expected = psi_kernel(A, "exponential", 0.5)
+    for name in ("exp", "softmax"):
+        assert torch.equal(psi_kernel(A, name, 0.5), expected)
+        assert torch.equal(feature_map(A, name, 0.5), expected)

@@ -33,6 +33,8 @@ from ...validation import check_choice, check_float, check_int
 FEATURE_MAPS = ("linear", "exponential", "hilbert", "l1")
 #: the kernels of :func:`psi_kernel`
 SMOOTHING_KERNELS = ("exponential", "hilbert", "l1")
+#: other names of the exponential kernel (NadarayaWatson's)
+KERNEL_ALIASES = {"exp": "exponential", "softmax": "exponential"}
 
 
 def prompt_matrix(xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -76,8 +78,8 @@ def psi_kernel(A: torch.Tensor, kernel: str, bandwidth: float | None = None, *, 
 
     ``A`` is ``(..., N, d + label_width)``. Kernels (``d`` is the number of input columns):
 
-    * ``"exponential"``: ``K = exp(x·x' / bandwidth)`` (bandwidth 1 by default): softmax attention; the label entry
-      equals ``NadarayaWatson(kernel="exp", bandwidth)``.
+    * ``"exponential"`` (or ``"exp"``, ``"softmax"``): ``K = exp(x·x' / bandwidth)`` (bandwidth 1 by default): softmax
+      attention; the label entry equals ``NadarayaWatson(kernel="exp", bandwidth)``.
     * ``"hilbert"``: ``K = ‖x - x'‖^-d`` (no bandwidth; passing one is an error). Earlier points that coincide with
       ``x_i`` (distance exactly 0, infinite weight) are *excluded* from the sum, so a duplicate does not take all the
       weight; :class:`~hf_icl.estimators.NadarayaWatson` does the opposite (it averages the duplicates only), so the
@@ -88,6 +90,7 @@ def psi_kernel(A: torch.Tensor, kernel: str, bandwidth: float | None = None, *, 
     The exponential and Hilbert weights are normalised in log space (a masked log-sum-exp), so huge kernel values
     (close points, a small bandwidth) do not overflow. Position 0 has no earlier point: its row is zero.
     """
+    kernel = KERNEL_ALIASES.get(kernel, kernel)
     check_choice("kernel", kernel, SMOOTHING_KERNELS)
     bandwidth = _check_bandwidth(bandwidth, kernel)
     A, dtype = _checked_matrix(A, label_width)
@@ -118,6 +121,7 @@ def feature_map(A: torch.Tensor, name: str, bandwidth: float | None = None, *, l
 
     ``bandwidth`` applies to ``"exponential"`` only. Returns the shape and dtype of ``A``.
     """
+    name = KERNEL_ALIASES.get(name, name)
     check_choice("name", name, FEATURE_MAPS)
     if name == "linear":
         _check_bandwidth(bandwidth, name)
