@@ -209,6 +209,7 @@ def test_presets_registration_and_build_model():
     model = build_model("sgpt", "small", n_dims=5, n_points=11)
     assert (model.config.n_embd, model.config.n_layer) == (128, 6)
     assert SGPTConfig(hidden_size=32).n_embd == 32
+    assert SGPTConfig(attn_normalization="softmax").normalization == "softmax"
     with pytest.raises(ValueError, match="do not also pass"):
         SGPTConfig.from_preset("tiny", n_embd=32)
 

@@ -34,7 +34,7 @@ class SGPTConfig(PretrainedConfig):
         n_embd: width k.
         n_layer: number of layers.
         activation_function: σ, any name in ``transformers.activations.ACT2FN`` (the document: GELU).
-        normalization: φ, applied to each row of the causally masked scores: ``"l1"`` (divide by the
+        normalization (alias ``attn_normalization``): φ, applied to each row of the causally masked scores: ``"l1"`` (divide by the
             row's l1 norm; a row whose norm is 0 stays 0), ``"softmax"``, ``"relu"`` (entry-wise, no
             normalisation) or ``"none"`` (the raw scores).
         scale_attn_weights: multiply the scores by ``1/√n_embd`` (eq. 3) before φ; eq. 6, the
@@ -45,7 +45,7 @@ class SGPTConfig(PretrainedConfig):
     """
 
     model_type = "sgpt"
-    attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer"}
+    attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "attn_normalization": "normalization"}
 
     n_dims: int = 20
     n_points: int = 41
