@@ -149,6 +149,24 @@ def check_forward_kwargs(owner: str, kwargs: dict, own: tuple[str, ...] = ()) ->
         )
 
 
+#: per-call keywords that change nothing for a model without a transformers backbone (a trainer may pass them)
+HARMLESS_KWARGS = ("return_dict", "num_items_in_batch")
+
+
+def check_no_backbone_kwargs(owner: str, kwargs: dict, own: tuple[str, ...] = ()) -> None:
+    """:func:`check_forward_kwargs` for models that pass nothing on to a transformers backbone (SGPT, the MLPs):
+    a per-call keyword they would silently ignore (``output_attentions=True``, ``position_ids=...``) is a
+    ``ValueError`` too; :data:`HARMLESS_KWARGS` and keywords set to ``None`` or ``False`` pass."""
+    check_forward_kwargs(owner, kwargs, own)
+    ignored = sorted(k for k, v in kwargs.items() if k not in HARMLESS_KWARGS and v is not None and v is not False)
+    if ignored:
+        raise ValueError(
+            f"{owner}.forward got unexpected keyword argument(s) it would ignore: "
+            + ", ".join(f"{key}={kwargs[key]!r}" for key in ignored)
+            + " (it passes nothing on to a transformers backbone)"
+        )
+
+
 def encode_labels(ys: torch.Tensor, target_kind: str, n_classes: int) -> torch.Tensor:
     """Targets as token features: ``(B, N, 1)`` values, or ``(B, N, C)`` one-hot class ids."""
     if target_kind == "categorical":

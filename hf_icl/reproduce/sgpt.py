@@ -25,6 +25,7 @@ from ..data.tasks import make_task
 from ..estimators import get_estimator
 from ..evaluation import evaluate_context_scaling
 from ..evaluation.baselines import estimator_for_task
+from ..evaluation.tables import markdown_grid
 from ..modeling.sgpt.feature_maps import feature_map as apply_feature_map
 from ..modeling.sgpt.feature_maps import prompt_matrix
 from .plots import plot_sweep
@@ -169,10 +170,9 @@ def at(result, name: str, positions: Sequence[int]) -> list[float]:
 
 
 def table(rows: dict[str, list[float]], columns: Sequence, corner: str) -> str:
-    head = f"| {corner} | " + " | ".join(str(c) for c in columns) + " |"
-    sep = "|---" * (len(columns) + 1) + "|"
-    body = [f"| {name} | " + " | ".join(f"{v:.4g}" for v in values) + " |" for name, values in rows.items()]
-    return "\n".join([head, sep, *body])
+    """One line per curve, one column per swept value."""
+    index = {str(column): i for i, column in enumerate(columns)}
+    return markdown_grid(corner, list(index), rows, lambda name, column: f"{rows[name][index[column]]:.4g}")
 
 
 def fmt(values: Sequence[float]) -> str:

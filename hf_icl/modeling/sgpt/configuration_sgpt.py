@@ -34,9 +34,9 @@ class SGPTConfig(PretrainedConfig):
         n_embd: width k.
         n_layer: number of layers.
         activation_function: σ, any name in ``transformers.activations.ACT2FN`` (the document: GELU).
-        normalization (alias ``attn_normalization``): φ, applied to each row of the causally masked scores: ``"l1"`` (divide by the
-            row's l1 norm; a row whose norm is 0 stays 0), ``"softmax"``, ``"relu"`` (entry-wise, no
-            normalisation) or ``"none"`` (the raw scores).
+        normalization (alias ``attn_normalization``): φ, applied to each row of the causally masked scores:
+            ``"l1"`` (divide by the row's l1 norm; a row whose norm is 0 stays 0), ``"softmax"``, ``"relu"``
+            (entry-wise, no normalisation) or ``"none"`` (the raw scores).
         scale_attn_weights: multiply the scores by ``1/√n_embd`` (eq. 3) before φ; eq. 6, the
             document's SGPT, does not (it makes no difference to ``"l1"``).
         initializer_range: standard deviation of the trained weights' normal init (GPT-2's 0.02).

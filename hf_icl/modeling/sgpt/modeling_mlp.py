@@ -20,14 +20,12 @@ from transformers.activations import ACT2FN
 from ...estimators._prefix import exclusive_cumsum
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import check_forward_kwargs, check_model_prompt, encode_labels
+from ..prompts import check_model_prompt, check_no_backbone_kwargs, encode_labels
 from .configuration_mlp import MLPICLConfig, OneLayerFeatureMapConfig
 from .feature_maps import feature_map, prompt_matrix
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
 _FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "check_inputs")
-#: transformers' per-call keywords that mean nothing to an MLP but are harmless (a trainer may pass them)
-_IGNORED_KWARGS = ("return_dict", "num_items_in_batch")
 
 
 class MLPICLPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
@@ -98,17 +96,7 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
                 device sync, skipped with ``False``. Shapes, dtypes and devices are checked either way.
         """
         config = self.config
-        check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
-        unused = sorted(
-            key
-            for key, value in kwargs.items()
-            if key not in _IGNORED_KWARGS and value is not None and value is not False
-        )
-        if unused:
-            raise ValueError(
-                f"{type(self).__name__} is an MLP (no attention, no positions): {', '.join(unused)} do(es) not apply, "
-                f"got {', '.join(f'{key}={kwargs[key]!r}' for key in unused)}"
-            )
+        check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         weight = self.head.read_out.weight
         check_model_prompt(config, xs, ys, check_values=check_inputs, device=weight.device)
         if output_hidden_states is None:

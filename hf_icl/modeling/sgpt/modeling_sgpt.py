@@ -28,7 +28,7 @@ from transformers.modeling_outputs import BaseModelOutput
 
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_forward_kwargs, check_model_prompt, encode_labels
+from ..prompts import PROMPT_FORMATS, check_model_prompt, check_no_backbone_kwargs, encode_labels
 from .configuration_sgpt import SGPTConfig
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
@@ -170,7 +170,7 @@ class SGPTModel(SGPTPreTrainedModel):
         """
         config = self.config
         check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.device)
-        _check_no_extra_kwargs(type(self).__name__, kwargs)
+        check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         tokens = self.prompt.tokens(xs.to(self.read_in.dtype), labels) @ self.read_in
         if config.prompt_format == "concatenated":
@@ -206,16 +206,6 @@ def _merge(queries: torch.Tensor | None, context: torch.Tensor) -> torch.Tensor:
         return context
     batch, n_points, width = context.shape
     return torch.stack((queries, context), dim=2).reshape(batch, 2 * n_points, width)
-
-
-def _check_no_extra_kwargs(owner: str, kwargs: dict) -> None:
-    """SGPT passes nothing on to a backbone, so any keyword beyond its own is a mistake, not an option."""
-    if kwargs:
-        check_forward_kwargs(owner, kwargs, _FORWARD_PARAMETERS)  # names close matches for a typo
-        raise ValueError(
-            f"{owner}.forward got unexpected keyword argument(s) {', '.join(map(repr, kwargs))}; "
-            f"it takes {', '.join(_FORWARD_PARAMETERS)}"
-        )
 
 
 class SGPTForInContextRegression(SGPTPreTrainedModel):
@@ -254,7 +244,7 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
             check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``)
                 at the cost of one device sync; shapes, dtypes and devices are checked either way.
         """
-        _check_no_extra_kwargs(type(self).__name__, kwargs)
+        check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         base = self.model(
             xs, ys, output_hidden_states=output_hidden_states, check_inputs=check_inputs, queries_only=True
         )
