@@ -14,9 +14,8 @@ from transformers import (
 from transformers.masking_utils import AttentionMaskInterface
 
 import hf_icl
-from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
-from hf_icl.attention.selection import true_block_mass
-from hf_icl.kernels.block_sparse_reference import dense_masked_attention
+from hf_icl.attention.cab import POLICIES, CABParams, cab_attention_forward, select_cab_blocks
+from hf_icl.kernels.block_sparse_reference import token_keep_mask
 
 SMALL = dict(block_size=16, min_seq_len=0)
 
@@ -50,37 +49,40 @@ def test_cab_is_registered_for_attention_and_masks():
     assert "cab" in AttentionMaskInterface._global_mapping
 
 
+def _dense_reference(q, k, v, token_keep, scaling):
+    """Full softmax over each query's own blocks, written out with the dense token mask."""
+    allowed = token_keep_mask(token_keep, 16, k.shape[2])
+    scores = (q.double() @ k.double().transpose(-1, -2)) * scaling
+    return (torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1) @ v.double()).transpose(1, 2)
+
+
 def test_attention_function_equals_dense_attention_on_selected_blocks():
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 3, 100, 32, generator=g) for _ in range(3))
     params = CABParams(sparsity=0.6, policy="frc", **SMALL)
     module = SimpleNamespace(config=SimpleNamespace(**params.to_config_fields()), training=False)
     out, weights = cab_attention_forward(module, q, k, v, None, scaling=0.2)
-    keep = select_cab_blocks(q, k, params, 0.2)
-    assert weights is None and out.shape == (2, 100, 3, 32)
-    expected = dense_masked_attention(q, k, v, keep, block_size=16, scaling=0.2).transpose(1, 2)
-    torch.testing.assert_close(out, expected)
-    assert not keep[..., torch.arange(7), torch.arange(7)].logical_not().any()  # diagonal always kept
-    causal_blocks = torch.tril(torch.ones(7, 7, dtype=torch.bool))
-    assert keep.sum() < causal_blocks.sum() * 2 * 3  # really sparse
-    assert not (keep & ~causal_blocks).any()  # never a future block
+    keep = select_cab_blocks(q, k, params, 0.2)  # (B, H, N, Mk): each token's blocks
+    assert weights is None and out.shape == (2, 100, 3, 32) and keep.shape == (2, 3, 100, 7)
+    torch.testing.assert_close(out.double(), _dense_reference(q, k, v, keep, 0.2), atol=1e-5, rtol=1e-5)
+    own = torch.arange(100) // 16
+    assert keep[..., torch.arange(100), own].all()  # each token's own block is always kept
+    assert not (keep & (torch.arange(7) > own[:, None])).any()  # never a future block
+    assert keep.sum() < (own + 1).sum() * 2 * 3  # really sparse
 
 
-def test_document_reference_selection_leaks_the_future_and_ours_does_not():
+def test_no_policy_lets_later_queries_or_keys_change_earlier_outputs():
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 2, 128, 32, generator=g) for _ in range(3))
-    late_k = k.clone()
-    late_k[:, :, 112:] *= 25.0  # only the last block's keys change
+    late = [x.clone() for x in (q, k, v)]
+    for x in late:
+        x[:, :, 100:] = 25.0 * torch.randn(x[:, :, 100:].shape, generator=g)  # everything after position 99
 
-    def early_outputs(policy, keys):
+    for policy in POLICIES:
         params = CABParams(sparsity=0.7, policy=policy, **SMALL)
         module = SimpleNamespace(config=SimpleNamespace(**params.to_config_fields()), training=False)
-        return cab_attention_forward(module, q, keys, v, None, scaling=0.2)[0][:, :112]
-
-    # the document scores future blocks, so earlier queries' block choices depend on later tokens
-    assert not torch.equal(early_outputs("reference", k), early_outputs("reference", late_k))
-    for policy in ("frc", "hybrid", "magnitude"):
-        assert torch.equal(early_outputs(policy, k), early_outputs(policy, late_k))
+        early = [cab_attention_forward(module, *x, None, scaling=0.2)[0][:, :100] for x in ((q, k, v), late)]
+        assert torch.equal(*early), policy
 
 
 def test_bf16_and_fp16_attention_close_to_fp32():
@@ -91,10 +93,10 @@ def test_bf16_and_fp16_attention_close_to_fp32():
     for dtype in (torch.bfloat16, torch.float16):
         low = [t.to(dtype) for t in (q, k, v)]
         keep = select_cab_blocks(*low[:2], params, 0.2)  # the blocks the low-precision run selects
-        expected = dense_masked_attention(*(t.float() for t in low), keep, block_size=16, scaling=0.2)
+        expected = _dense_reference(*(t.float() for t in low), keep, 0.2)
         out = cab_attention_forward(module, *low, None, scaling=0.2)[0]
         assert out.dtype == dtype
-        torch.testing.assert_close(out.float(), expected.transpose(1, 2), atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(out.double(), expected, atol=3e-2, rtol=3e-2)
 
 
 @pytest.mark.parametrize("build", [gpt2, llama])
@@ -168,15 +170,19 @@ def test_bad_hyperparameters_are_clear_errors(kwargs, match):
 
 
 def test_oracle_policy_keeps_the_blocks_with_the_most_true_attention_mass():
-    """cab_policy='oracle' ranks blocks by dense attention mass: each row keeps its top-mass visible blocks."""
+    """cab_policy='oracle': each token keeps its own block plus the past block carrying the most of its true
+    (dense causal softmax) attention mass, at a budget of 2 blocks."""
     g = torch.Generator().manual_seed(3)
     q, k = torch.randn(1, 2, 128, 32, generator=g), torch.randn(1, 2, 128, 32, generator=g)
-    params = CABParams(sparsity=0.5, policy="oracle", sink_blocks=0, **SMALL)
+    params = CABParams(sparsity=0.0, policy="oracle", sink_blocks=0, budget="topk", topk=2, **SMALL)
     keep = select_cab_blocks(q, k, params, 0.2)
-    mass = true_block_mass(q, k, 0.2, 16)
-    for row in range(3, 8):  # rows with more visible blocks than the budget of 2
-        chosen = keep[0, 0, row, :row]  # off-diagonal visible blocks
-        assert keep[0, 0, row, row] and int(chosen.sum()) == 1  # the forced diagonal + the best other block
-        assert mass[0, 0, row, :row][chosen].min() >= mass[0, 0, row, :row][~chosen].max()
+    causal = torch.ones(128, 128, dtype=torch.bool).tril()
+    probs = torch.softmax((q @ k.transpose(-1, -2) * 0.2).masked_fill(~causal, float("-inf")), -1)
+    for t in range(16, 128, 7):
+        own = t // 16
+        mass = torch.stack([probs[0, 0, t, 16 * j : 16 * j + 16].sum() for j in range(own)])  # past blocks
+        kept = keep[0, 0, t, :own]
+        assert keep[0, 0, t, own] and int(kept.sum()) == 1
+        assert int(mass.argmax()) == int(kept.nonzero())
     sparse_model = hf_icl.enable_cab(gpt2(), sparsity=0.5, policy="oracle", **SMALL)
     assert torch.isfinite(sparse_model(tokens(1, 64)).logits).all()

@@ -12,9 +12,10 @@ from kernel_helpers import DEVICE, needs_triton
 from test_cab_attention import gpt2, llama, tokens
 
 from hf_icl.attention import cab as cab_module
-from hf_icl.attention.cab import _NO_KERNEL, CABParams, _key_padding_from_mask, cab_attention_forward
+from hf_icl.attention.cab import CABParams, _key_padding_from_mask, cab_attention_forward
 
-SPARSE = dict(sparsity=0.5, block_size=16, min_seq_len=0, policy="frc")
+# streaming selects per block (uniform within a query block), which the prefill kernel runs
+SPARSE = dict(sparsity=0.5, block_size=16, min_seq_len=0, policy="streaming")
 
 
 def _with_backend(model, backend, **overrides):
@@ -78,15 +79,15 @@ def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
     assert torch.equal(generated[0], generated[1])
 
 
-@needs_triton
-def test_left_padded_batch_matches_pytorch_path():
-    kernel_model, reference_model = _pair(gpt2)
-    ids = tokens(2, 64, seed=3).to(DEVICE)
-    mask = torch.ones_like(ids)
-    mask[0, :20] = 0  # left padding in row 0
-    logits = [m(ids, attention_mask=mask).logits for m in (kernel_model, reference_model)]
-    assert torch.isfinite(logits[0]).all()
-    torch.testing.assert_close(logits[0][mask.bool()], logits[1][mask.bool()], atol=2e-5, rtol=2e-5)
+def test_forcing_triton_where_no_kernel_is_exact_is_a_clear_error():
+    """Per-token selections in prefill and padded batches have no exact kernel yet: 'triton' says so."""
+    q = k = v = torch.randn(1, 2, 64, 32)
+    with pytest.raises(ValueError, match="cab_policy='frc' selects per token"):
+        cab_attention_forward(_module(backend="triton", policy="frc"), q, k, v, None)
+    padded = torch.ones(1, 1, 64, 64, dtype=torch.bool).tril()
+    padded[..., :5] = False
+    with pytest.raises(ValueError, match="padded batches run on the PyTorch path"):
+        cab_attention_forward(_module(backend="triton"), q, k, v, padded)
 
 
 def test_key_padding_is_read_off_causal_padding_masks_only():
@@ -97,8 +98,10 @@ def test_key_padding_is_read_off_causal_padding_masks_only():
     assert torch.equal(_key_padding_from_mask(mask, offset), key_valid)
     window = mask.clone()
     window[1, 0, 4, 0] = False  # a sliding-window-like hole: not expressible as key padding
-    assert _key_padding_from_mask(window, offset) is _NO_KERNEL
-    assert _key_padding_from_mask(mask, offset + 1) is _NO_KERNEL  # wrong causality for these positions
+    with pytest.raises(ValueError, match="causal masks with key padding only"):
+        _key_padding_from_mask(window, offset)
+    with pytest.raises(ValueError, match="causal masks with key padding only"):
+        _key_padding_from_mask(mask, offset + 1)  # wrong causality for these positions
 
 
 def _module(training=False, **fields):

@@ -4,8 +4,14 @@ Importing this package registers ``"cab"`` with ``transformers.AttentionInterfac
 ``AttentionMaskInterface``; :func:`enable_cab` switches a model to it.
 """
 
-from ..kernels.block_sparse_reference import block_sparse_attention, dense_masked_attention, selected_block_indices
-from .cab import CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
+from ..kernels.block_sparse_reference import (
+    block_sparse_attention,
+    dense_masked_attention,
+    selected_block_indices,
+    token_keep_mask,
+    token_sparse_attention,
+)
+from .cab import BUDGETS, POLICIES, CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
 from .selection import (
     SELECTION_POLICIES,
     attention_preservation,
@@ -15,5 +21,6 @@ from .selection import (
     select_blocks,
     true_block_mass,
 )
+from .token_selection import SCORES, achieved_sparsity, select_token_blocks
 
 register_cab()

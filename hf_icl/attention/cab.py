@@ -1,14 +1,15 @@
 """CAB as a transformers attention implementation: ``attn_implementation="cab"``.
 
-Per layer and head: coarsen Q and K to one max-L2 row per block, score blocks causally, select
-blocks with a policy (FRC, magnitude, hybrid, …) at the configured sparsity, then run exact
-softmax attention over the selected key blocks only. Hyperparameters live on ``model.config``
-as ``cab_*`` fields, so they survive ``save_pretrained``.
+Per layer and head, every query token picks its own key blocks from the complete blocks before its own
+(:mod:`.token_selection`: causal by construction, so teacher-forced logits equal step-by-step generation), always
+keeping its own block and the sink blocks; then exact softmax attention runs over the chosen blocks only. Blocks,
+sinks and budgets are laid over each row's real tokens, so a padded batch gives what each row gives alone.
+Hyperparameters live on ``model.config`` as ``cab_*`` fields, so they survive ``save_pretrained``.
 
-On CUDA (``cab_backend="auto"``) the sparse attention runs the Triton kernels: the flash-style
-prefill kernel with its backward (so CAB can be fine-tuned) and the split-K decode kernel. The
-PyTorch path (gathered blocks + SDPA) serves CPU tensors, attention dropout, head dims the kernels
-do not cover and masks other than causal + key padding.
+The PyTorch path (query tiles gather the union of their tokens' blocks, then mask per token) runs everywhere. On
+CUDA (``cab_backend="auto"``) the Triton kernels run what they can express exactly: decode steps (one query, so
+per-token and per-block selection coincide) and prefill under selections that are uniform within a block
+(``streaming``, ``dense``), both without padding.
 
     >>> import hf_icl                                   # registers "cab"
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -32,24 +33,25 @@ from ..kernels._common import BACKENDS, resolve_backend
 from ..kernels.block_sparse_attention import HEAD_DIMS, expand_kv
 from ..kernels.block_sparse_backward import block_sparse_flash_attention
 from ..kernels.block_sparse_decode import block_sparse_decode
-from ..kernels.block_sparse_reference import block_sparse_attention
-from ..kernels.coarsen import coarsen_max_l2
+from ..kernels.block_sparse_reference import token_sparse_attention
 from ..validation import check_choice, check_float, check_int
-from .selection import (
-    SELECTION_POLICIES,
-    block_scores,
-    causal_block_mask,
-    reference_cab_v3_selection,
-    select_blocks,
-    true_block_mass,
-)
+from .token_selection import SCORES, TOKEN_POLICIES, select_token_blocks
 
 NAME = "cab"
-#: "reference" runs the research document's own (non-causal) selection, for honest comparisons;
 #: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
-POLICIES = tuple(sorted(SELECTION_POLICIES)) + ("reference",)
-BUDGETS = ("row", "global")
+POLICIES = TOKEN_POLICIES
+BUDGETS = ("row", "topk")
 DECODE_MODES = ("sparse", "dense")
+#: selections identical for every token of a block (their kernels' prefill can run them)
+_BLOCK_UNIFORM = ("streaming", "dense")
+#: values that earlier releases accepted and that cannot be causal, with why
+_NOT_CAUSAL = {
+    ("cab_budget", "global"): "one top-k over all rows lets later tokens change earlier tokens' blocks",
+    ("cab_policy", "reference"): (
+        "the document's selection scores future blocks; it is kept for analysis as "
+        "hf_icl.attention.reference_cab_v3_selection"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,10 @@ class CABParams:
     sparsity: float = 0.9
     block_size: int = 64
     policy: str = "hybrid"
+    score: str = "bound"
     lam: float = 0.5
     budget: str = "row"
+    topk: int = 8
     sink_blocks: int = 1
     min_seq_len: int = 1024
     decode: str = "sparse"
@@ -75,9 +79,17 @@ class CABParams:
         check_int("cab_block_size", self.block_size, low=16, high=128)
         if self.block_size & (self.block_size - 1):
             raise ValueError(f"cab_block_size must be a power of two in [16, 128], got {self.block_size}")
+        for field, value in (("cab_policy", self.policy), ("cab_budget", self.budget)):
+            if (field, value) in _NOT_CAUSAL:
+                allowed = POLICIES if field == "cab_policy" else BUDGETS
+                raise ValueError(
+                    f"{field}={value!r} is not causal ({_NOT_CAUSAL[field, value]}); allowed: {', '.join(allowed)}"
+                )
         check_choice("cab_policy", self.policy, POLICIES)
+        check_choice("cab_score", self.score, SCORES)
         check_float("cab_lambda", self.lam, low=0.0)
         check_choice("cab_budget", self.budget, BUDGETS)
+        check_int("cab_topk", self.topk, low=1)
         check_int("cab_sink_blocks", self.sink_blocks, low=0)
         check_int("cab_min_seq_len", self.min_seq_len, low=0)
         check_choice("cab_decode", self.decode, DECODE_MODES)
@@ -149,98 +161,117 @@ def cab_attention_forward(
     n_q, n_k = query.shape[2], key.shape[2]
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
-    misaligned = n_q > 1 and q_offset % params.block_size  # chunked prefill not on a block boundary
-    dense_decode = n_q < n_k and (params.decode == "dense" or params.policy == "reference")
-    if n_k < params.min_seq_len or params.sparsity == 0 or misaligned or dense_decode:
-        out = _dense_causal(
-            query, expand_kv(key, query.shape[1]), expand_kv(value, query.shape[1]), mask, scaling, q_offset, dropout
-        )
-        return out.transpose(1, 2).contiguous(), None
-    keep = select_cab_blocks(query, key, params, scaling, q_offset)
-    sparse = {"block_size": params.block_size, "scaling": scaling, "q_offset": q_offset}
-    key_padding = _kernel_key_padding(query, mask, params.backend, dropout, q_offset)
-    if key_padding is not _NO_KERNEL:
-        if n_q == 1:
-            out = block_sparse_decode(query, key, value, keep, key_padding_mask=key_padding, backend="triton", **sparse)
-        else:
-            out = block_sparse_flash_attention(
-                query, key, value, keep, key_padding_mask=key_padding, backend="triton", **sparse
-            )
-    else:
+    key_valid = None if mask is None else _key_padding_from_mask(mask, q_offset)
+    dense_decode = n_q < n_k and params.decode == "dense"
+    nothing_dropped = params.budget == "row" and params.sparsity == 0
+    if n_k <= params.min_seq_len or nothing_dropped or dense_decode:  # every token would attend densely
         heads = query.shape[1]
-        out = block_sparse_attention(
-            query, expand_kv(key, heads), expand_kv(value, heads), keep, attention_mask=mask, dropout=dropout, **sparse
+        out = _dense_causal(query, expand_kv(key, heads), expand_kv(value, heads), mask, scaling, q_offset, dropout)
+        return out.transpose(1, 2).contiguous(), None
+    token_keep = select_cab_blocks(query, key, params, scaling, key_valid=key_valid)
+    kernel = _kernel_route(query, params, key_valid, dropout, q_offset)
+    sparse = {"block_size": params.block_size, "scaling": scaling, "q_offset": q_offset, "validate": False}
+    if kernel == "decode":
+        out = block_sparse_decode(query, key, value, token_keep, backend="triton", **sparse)
+    elif kernel == "prefill":  # block-uniform: the first token of each query block speaks for the block
+        keep = token_keep[:, :, :: params.block_size]
+        out = block_sparse_flash_attention(query, key, value, keep, backend="triton", **sparse)
+    else:
+        out = token_sparse_attention(
+            query,
+            key,
+            value,
+            token_keep,
+            block_size=params.block_size,
+            scaling=scaling,
+            key_valid=key_valid,
+            dropout=dropout,
         )
     return out.transpose(1, 2).contiguous(), None
 
 
-#: returned by :func:`_kernel_key_padding` when the PyTorch path must run
-_NO_KERNEL = object()
+def _kernel_route(query: torch.Tensor, params: CABParams, key_valid, dropout: float, q_offset: int) -> str | None:
+    """``"decode"`` / ``"prefill"`` when a Triton kernel runs this call exactly, else None (the PyTorch path).
 
-
-def _kernel_key_padding(query: torch.Tensor, mask: torch.Tensor | None, backend: str, dropout: float, q_offset: int):
-    """The kernels' ``(B, Nk)`` key padding mask (None: no padding), or ``_NO_KERNEL`` to take the PyTorch path.
-
-    ``backend="auto"`` takes the kernels when they can run this call exactly; ``"triton"`` insists and raises a
-    ``ValueError`` naming what stands in the way.
+    ``cab_backend="auto"`` takes a kernel when one can; ``"triton"`` insists and raises a ``ValueError`` naming
+    what stands in the way.
     """
-    if resolve_backend(backend, query) == "reference":
-        return _NO_KERNEL
+    if resolve_backend(params.backend, query) == "reference":
+        return None
+    n_q, block_size = query.shape[2], params.block_size
+    uniform = params.policy in _BLOCK_UNIFORM and params.min_seq_len % block_size == 0
     reason = None
     if dropout:
         reason = f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
     elif query.shape[-1] not in HEAD_DIMS:
         reason = f"head_dim must be one of {list(HEAD_DIMS)}, got {query.shape[-1]}"
-    key_padding = None if mask is None or reason else _key_padding_from_mask(mask, q_offset)
-    if key_padding is _NO_KERNEL:
-        reason = "the attention mask is not causal + key padding (e.g. a sliding window or a custom 4-D mask)"
+    elif key_valid is not None:
+        reason = "padded batches run on the PyTorch path (blocks are laid over each row's real tokens)"
+    elif n_q > 1 and not uniform:
+        reason = (
+            f"cab_policy={params.policy!r} selects per token; the prefill kernel takes one selection per query block "
+            f"(policies {', '.join(_BLOCK_UNIFORM)} with cab_min_seq_len a multiple of cab_block_size)"
+        )
+    elif n_q > 1 and q_offset % block_size:
+        reason = f"chunked prefill starting at position {q_offset}, not a multiple of cab_block_size={block_size}"
     if reason is None:
-        return key_padding
-    if backend == "triton":
+        return "decode" if n_q == 1 else "prefill"
+    if params.backend == "triton":
         raise ValueError(f"cab_backend='triton' cannot run this call: {reason}")
-    return _NO_KERNEL
+    return None
 
 
-def _key_padding_from_mask(mask: torch.Tensor, q_offset: int):
-    """A causal + key-padding bool ``(B, 1|H, Nq, Nk)`` mask → its ``(B, Nk)`` key mask; else ``_NO_KERNEL``.
+def _key_padding_from_mask(mask: torch.Tensor, q_offset: int) -> torch.Tensor:
+    """A causal + key-padding bool ``(B, 1|H, Nq, Nk)`` mask → its ``(B, Nk)`` key mask (True = real token).
 
     The last query row sees every key up to the newest, so it *is* the key mask; the whole mask must then equal
-    causality & that row (one pass over a mask transformers has already materialised).
+    causality & that row (one pass over a mask transformers has already materialised). Other masks (sliding
+    windows, custom 4-D masks) raise: CAB's blocks are laid over the real tokens of a causal sequence.
     """
     n_q, n_k = mask.shape[-2:]
     key_valid = mask[:, 0, -1, :]
     causal = (q_offset + torch.arange(n_q, device=mask.device))[:, None] >= torch.arange(n_k, device=mask.device)
     if not torch.equal(mask, (causal & key_valid[:, None, None, :]).expand(mask.shape)):
-        return _NO_KERNEL
+        raise ValueError(
+            "CAB attention takes causal masks with key padding only; this call's attention mask is neither "
+            "(e.g. a sliding window or a custom 4-D mask): use another attn_implementation for it"
+        )
     return key_valid
 
 
-def select_cab_blocks(query, key, params: CABParams, scaling: float, q_offset: int = 0) -> torch.Tensor:
-    """Coarsen, score and select: the ``(B, H, Mq, Mk)`` bool block mask CAB attends over.
+def select_cab_blocks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    params: CABParams,
+    scaling: float,
+    q_offset: int | None = None,
+    key_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The per-token selection CAB attends over: ``(B, H, Nq, Mk)`` bool, query token t attends key block j.
 
-    ``policy="reference"`` (prefill only) is the document's ``run_cab_v3_pipeline`` selection: it scores
-    future blocks and applies causality only afterwards, so an early query's block choice depends on
-    later tokens. We add each row's diagonal block to it (the document does not), so no row is empty.
+    ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)`` (``q_offset``,
+    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`.token_selection`.
     """
-    key = expand_kv(key, query.shape[1])  # grouped-query attention: each query head scores its KV head
-    if params.policy == "reference":
-        keep = reference_cab_v3_selection(query, key, params.sparsity, params.block_size, coarsen_max_l2)
-        return keep | torch.eye(keep.shape[-1], dtype=torch.bool, device=keep.device)
-    q_coarse, k_coarse = coarsen_max_l2(query, key, params.block_size)
-    causal = causal_block_mask(q_coarse.shape[2], k_coarse.shape[2], q_offset // params.block_size, query.device)
-    if params.policy == "oracle":
-        scores = true_block_mass(query, key, scaling, params.block_size, q_offset)
-    else:
-        scores = block_scores(q_coarse, k_coarse, scaling, causal)
-    return select_blocks(
-        scores,
-        causal,
+    if q_offset is not None and q_offset != key.shape[2] - query.shape[2]:
+        raise ValueError(
+            f"q_offset must be Nk - Nq = {key.shape[2] - query.shape[2]} (queries are the last positions), "
+            f"got {q_offset}"
+        )
+    return select_token_blocks(
+        query,
+        key,
+        scaling=scaling,
+        block_size=params.block_size,
         policy=params.policy,
-        sparsity=params.sparsity,
+        score=params.score,
         budget=params.budget,
+        sparsity=params.sparsity,
+        topk=params.topk,
         sink_blocks=params.sink_blocks,
+        min_seq_len=params.min_seq_len,
         lam=params.lam,
         magnitude_fraction=params.magnitude_fraction,
+        key_valid=key_valid,
     )
 
 
@@ -256,7 +287,7 @@ def enable_cab(model, **hyperparameters):
     """Switch ``model`` (any transformers model using the attention interface) to CAB attention.
 
     Keyword arguments are the ``cab_*`` fields without the prefix (``sparsity``, ``block_size``,
-    ``policy``, ``lam``, ``budget``, ``sink_blocks``, ``min_seq_len``, ``decode``,
+    ``policy``, ``score``, ``lam``, ``budget``, ``topk``, ``sink_blocks``, ``min_seq_len``, ``decode``,
     ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``.
     """
     if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):

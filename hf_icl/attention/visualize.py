@@ -16,9 +16,9 @@ from pathlib import Path
 
 import torch
 
-from ..kernels.coarsen import coarsen_max_l2
+from ..kernels.block_sparse_reference import token_keep_mask
 from .cab import CABParams, select_cab_blocks
-from .selection import attention_preservation, block_scores, causal_block_mask, frc_scores
+from .selection import attention_preservation
 
 __all__ = ["cab_attention_maps", "plot_attention_comparison", "plot_block_selection"]
 
@@ -141,15 +141,22 @@ def plot_block_selection(
     return _save(fig, path)
 
 
+def _tokens_per_block(n: int, block_size: int) -> torch.Tensor:
+    counts = torch.full((-(-n // block_size),), float(block_size))
+    counts[-1] = n - block_size * (counts.numel() - 1)
+    return counts[:, None]
+
+
 def cab_attention_maps(
     query: torch.Tensor, key: torch.Tensor, params: CABParams, scaling: float, path: str | Path
 ) -> tuple[Path, Path]:
     """Both figures for one head under CAB: ``<stem>_attention.png`` and ``<stem>_blocks.png``.
 
     From ``query``/``key`` of shape ``(N, D)`` or ``(1, 1, N, D)`` (prefill, keys from position 0) it computes
-    the causal full attention, CAB's block selection (:func:`~hf_icl.attention.cab.select_cab_blocks`, ignoring
-    ``params.min_seq_len``), the token-level keep mask (selected blocks and causal), and the preserved attention
-    mass (:func:`~hf_icl.attention.selection.attention_preservation`), which goes into both titles.
+    the causal full attention, CAB's per-token selection (:func:`~hf_icl.attention.cab.select_cab_blocks`), the
+    token-level keep mask (selected blocks and causal), and the preserved attention mass
+    (:func:`~hf_icl.attention.selection.attention_preservation`), which goes into both titles. The block figure
+    shows, per (query block, key block), the share of the query block's tokens that selected the key block.
 
     ``path``: ``stem.png`` or ``stem``; the two files are written next to it. Returns their paths.
     """
@@ -161,16 +168,13 @@ def cab_attention_maps(
         logits = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
         causal_tokens = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
         probs = torch.softmax(logits.masked_fill(~causal_tokens, float("-inf")), dim=-1)
-        keep = select_cab_blocks(q, k, params, scaling, 0)  # (1, 1, M, M)
-        # block mask → token mask: query i sees key j iff block (i // bs, j // bs) is kept and j <= i
-        block_of = torch.arange(n, device=q.device) // params.block_size
-        token_keep = keep[0, 0][block_of[:, None], block_of[None, :]] & causal_tokens
-        preserved = float(attention_preservation(probs, token_keep)[0, 0])
-        # the block scores and FRC CAB ranked, for the block figure
-        q_c, k_c = coarsen_max_l2(q, k, params.block_size)
-        causal = causal_block_mask(q_c.shape[2], k_c.shape[2], device=q.device)
-        scores = block_scores(q_c, k_c, scaling, causal)
-        frc = frc_scores(scores, causal, params.lam)
+        token_keep = select_cab_blocks(q, k, params, scaling)  # (1, 1, N, M): each query's own blocks
+        token_mask = token_keep_mask(token_keep, params.block_size, n)[0, 0]
+        preserved = float(attention_preservation(probs, token_mask)[0, 0])
+        # the block figure: per (query block, key block), the share of the query block's tokens that kept it
+        per_block = torch.nn.functional.pad(token_keep[0, 0].float(), (0, 0, 0, -n % params.block_size))
+        share = per_block.unflatten(0, (-1, params.block_size)).sum(1) / _tokens_per_block(n, params.block_size)
+        union = share > 0
 
     path = Path(path)
     stem = path.with_suffix("") if path.suffix == ".png" else path
@@ -179,9 +183,7 @@ def cab_attention_maps(
         f"{preserved:.1%} of attention preserved"
     )
     attention_png = plot_attention_comparison(
-        probs[0, 0], token_keep, stem.parent / f"{stem.name}_attention.png", title=label
+        probs[0, 0], token_mask, stem.parent / f"{stem.name}_attention.png", title=label
     )
-    blocks_png = plot_block_selection(
-        scores[0, 0], keep[0, 0], stem.parent / f"{stem.name}_blocks.png", frc=frc[0, 0], title=label
-    )
+    blocks_png = plot_block_selection(share, union, stem.parent / f"{stem.name}_blocks.png", title=label)
     return attention_png, blocks_png

@@ -333,17 +333,20 @@ def block_sparse_flash_attention(
     q_offset: int = 0,
     key_padding_mask: torch.Tensor | None = None,
     backend: str = "auto",
+    validate: bool = True,
 ) -> torch.Tensor:
     """Differentiable block-sparse causal attention: Triton forward and backward, or the PyTorch reference.
 
     Same arguments as :func:`hf_icl.kernels.block_sparse_attention.block_sparse_attention_forward`; gradients flow
     to ``q``, ``k`` and ``v`` through the same block selection ``keep``. ``backend="auto"`` takes the kernels on
-    CUDA tensors, and the reference (autograd through PyTorch) otherwise.
+    CUDA tensors, and the reference (autograd through PyTorch) otherwise. ``validate=False`` skips the kernel
+    path's input checks and their device syncs, for callers that built ``keep`` themselves (CAB does).
     """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset}
     if resolve_backend(backend, q) == "reference":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
+    if validate:
+        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
+        validate_keep(q, k, keep, block_size)
+        check_key_padding_mask(key_padding_mask, q, k)
     return _BlockSparseFlashAttention.apply(q, k, v, keep, key_padding_mask, block_size, scaling, q_offset)

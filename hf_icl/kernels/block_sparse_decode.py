@@ -270,15 +270,20 @@ def block_sparse_decode(
     key_padding_mask: torch.Tensor | None = None,
     return_lse: bool = False,
     backend: str = "auto",
+    validate: bool = True,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else reference."""
+    """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else reference.
+
+    ``validate=False`` skips the kernel path's input checks and their device syncs (for a caller that built ``keep``).
+    """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     _check_single_query(q)
     if resolve_backend(backend, q) == "reference":
         return block_sparse_decode_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
+    if validate:
+        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
+        validate_keep(q, k, keep, block_size)
+        check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
     indices, valid = selected_block_indices(keep)
     return block_sparse_decode_triton(
         q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs

@@ -190,3 +190,130 @@ def dense_masked_attention(
     scores = (query.float() @ key.float().transpose(-1, -2)) * scaling
     probs = torch.softmax(scores.masked_fill(~allowed, float("-inf")), dim=-1).nan_to_num(0.0)
     return (probs @ value.float()).to(query.dtype)
+
+
+# --------------------------------------------------------------------------------------------------
+# per-token selections over the real (unpadded) tokens
+# --------------------------------------------------------------------------------------------------
+
+
+def real_positions(
+    key_valid: torch.Tensor | None, n_q: int, n_k: int, device: torch.device | None = None
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """Where every token sits once padding is squeezed out.
+
+    Queries are the last ``n_q`` of the ``n_k`` keys (transformers' prefill, chunked prefill and decode calls).
+    Returns ``q_pos (B|1, Nq)`` long, each query's index among its row's real tokens (-1 for a padded query);
+    ``key_index (B, Nk)`` long, the position of the row's i-th real key (tail entries repeat the last real key,
+    they lie beyond ``n_real`` and are masked), or None when there is no padding; ``n_real (B|1,)`` long.
+    Blocks, sinks and budgets are laid over these real indices, so a padded row selects what it selects alone.
+    """
+    if key_valid is None:
+        q_pos = (n_k - n_q + torch.arange(n_q, device=device))[None, :]
+        return q_pos, None, torch.full((1,), n_k, device=device)
+    real_index = key_valid.long().cumsum(-1) - 1
+    q_pos = real_index[:, n_k - n_q :].masked_fill(~key_valid[:, n_k - n_q :], -1)
+    # valid keys first, in order (a stable sort of the padding flags)
+    key_index = torch.sort((~key_valid).to(torch.uint8), dim=-1, stable=True).indices
+    return q_pos, key_index, key_valid.sum(-1)
+
+
+def token_keep_mask(
+    token_keep: torch.Tensor, block_size: int, n_k: int, q_offset: int = 0, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Per-token selection ``(B, H, Nq, Mk)`` → the ``(B, H, Nq, Nk)`` bool mask it attends with (dense; small N).
+
+    A query attends a real key iff the key's real index is at most its own and the key's block (real index //
+    ``block_size``) is kept for that query; queries sit at ``q_offset …`` (``q_offset + Nq == Nk``).
+    """
+    n_q = token_keep.shape[2]
+    q_pos, _, _ = real_positions(key_valid, n_q, n_k, token_keep.device)
+    if key_valid is None:
+        k_pos = torch.arange(n_k, device=token_keep.device)[None, :]
+        valid = torch.ones(1, n_k, dtype=torch.bool, device=token_keep.device)
+    else:
+        k_pos, valid = key_valid.long().cumsum(-1) - 1, key_valid
+    block = (k_pos // block_size).clamp(0, token_keep.shape[-1] - 1)  # (B|1, Nk)
+    kept = token_keep.gather(-1, block[:, None, None, :].expand(*token_keep.shape[:3], n_k))
+    causal = (k_pos[:, None, :] <= q_pos[:, :, None]) & valid[:, None, :] & (q_pos >= 0)[:, :, None]
+    return kept & causal[:, None]
+
+
+def _gather_rows(x: torch.Tensor, rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """Rows ``rows`` of ``x`` viewed as ``(B·H·Nk, D)``, shaped ``(*shape, D)``: only the selected keys are read."""
+    return x.reshape(-1, x.shape[-1]).index_select(0, rows).view(*shape, x.shape[-1])
+
+
+#: cap on the elements of one chunk's (tiles × rows × gathered keys) mask: bounds the executor's memory
+_MAX_MASK_ELEMENTS = 1 << 25
+
+
+def token_sparse_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    token_keep: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    key_valid: torch.Tensor | None = None,
+    dropout: float = 0.0,
+) -> torch.Tensor:
+    """Causal attention of every query over the key blocks IT selected (``token_keep``), in PyTorch.
+
+    Args:
+        query: ``(B, H, Nq, D)``, the last ``Nq`` of the ``Nk`` positions (``q_offset = Nk - Nq``).
+        key, value: ``(B, H / g, Nk, D)`` (grouped-query attention: query head h reads KV head h // g).
+        token_keep: ``(B, H, Nq, Mk)`` bool, ``Mk = ceil(Nk / block_size)``: query t attends key block j, blocks
+            laid over the row's real tokens (:func:`real_positions`). Queries are processed in tiles of
+            ``block_size`` consecutive queries; each tile gathers the union of its queries' blocks once and masks
+            per query, so the work is O(tiles × union), and any ``q_offset`` works (no block alignment needed).
+        key_valid: optional ``(B, Nk)`` bool, False at padded positions (which are never attended).
+        dropout: dropout probability on the attention weights.
+
+    Returns ``(B, H, Nq, D)`` in the query dtype; a padded query (or one that sees no key) gets zeros.
+    """
+    batch, heads, n_q, dim = query.shape
+    kv_heads, n_k = key.shape[1], key.shape[2]
+    n_blocks = token_keep.shape[-1]
+    q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, query.device)
+    q_rows = min(block_size, n_q)
+    pad_q = -n_q % q_rows
+    tiles = (n_q + pad_q) // q_rows
+    bits = F.pad(token_keep, (0, 0, 0, pad_q)).view(batch, heads, tiles, q_rows, n_blocks)
+    indices, valid = selected_block_indices(bits.any(3))  # the union of each tile's blocks, (B, H, T, K)
+    width = indices.shape[-1]
+    q_pos = F.pad(q_pos, (0, pad_q), value=-1).expand(batch, -1).view(batch, 1, tiles, q_rows, 1)
+    n_real = n_real.expand(batch).view(batch, 1, 1, 1, 1)
+    out = torch.empty(batch, heads, tiles * q_rows, dim, dtype=query.dtype, device=query.device)
+    q_tiles = F.pad(query, (0, 0, 0, pad_q)).view(batch, heads, tiles, q_rows, dim)
+    # heads in chunks, so the gathered K/V and the mask stay bounded whatever the unions' width
+    per_head = tiles * q_rows * width * block_size
+    step = max(1, _MAX_MASK_ELEMENTS // max(per_head * batch, 1))
+    group = heads // kv_heads
+    offsets = torch.arange(block_size, device=query.device)
+    for h0 in range(0, heads, step):
+        hs = slice(h0, min(heads, h0 + step))
+        idx, ok = indices[:, hs], valid[:, hs]
+        k_real = (idx.unsqueeze(-1) * block_size + offsets).flatten(-2)  # (B, h, T, K·bs) real key indices
+        token_bits = bits[:, hs].gather(4, idx[:, :, :, None, :].expand(-1, -1, -1, q_rows, -1))
+        token_bits = (token_bits & ok[:, :, :, None, :]).repeat_interleave(block_size, dim=-1)
+        allowed = token_bits & (k_real[:, :, :, None, :] <= q_pos) & (k_real[:, :, :, None, :] < n_real)
+        k_at = k_real.clamp(max=n_k - 1)
+        if key_index is not None:
+            k_at = key_index.gather(1, k_at.flatten(1)).view_as(k_at)
+        kv_head = torch.arange(hs.start, hs.stop, device=query.device) // group
+        base = (torch.arange(batch, device=query.device)[:, None] * kv_heads + kv_head) * n_k  # (B, h)
+        rows = (base[:, :, None, None] + k_at).flatten()
+
+        bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
+        chunk = F.scaled_dot_product_attention(
+            q_tiles[:, hs].flatten(0, 1),
+            _gather_rows(key, rows, k_at.shape).flatten(0, 1),
+            _gather_rows(value, rows, k_at.shape).flatten(0, 1),
+            attn_mask=bias.flatten(0, 1),
+            dropout_p=dropout,
+            scale=scaling,
+        )
+        out[:, hs] = chunk.reshape(batch, hs.stop - hs.start, tiles * q_rows, dim)
+    return out[:, :, :n_q].nan_to_num(0.0)

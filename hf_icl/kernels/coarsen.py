@@ -40,6 +40,7 @@ __all__ = [
     "coarsen_max_l2",
     "coarsen_max_l2_reference",
     "coarsen_max_l2_triton",
+    "coarsen_one_max_l2",
     "triton_available",
 ]
 
@@ -73,8 +74,8 @@ def _validate(q: torch.Tensor, k: torch.Tensor, block_size: int) -> None:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _coarsen_one_reference(x: torch.Tensor, block_size: int) -> torch.Tensor:
-    """Max-L2 row of every block of ``x`` (B, H, N, D) -> (B, H, ceil(N / block_size), D)."""
+def coarsen_one_max_l2(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Max-L2 row of every block of ``x`` (B, H, N, D) -> (B, H, ceil(N / block_size), D), any head dim."""
     batch, heads, n, dim = x.shape
     n_blocks = math.ceil(n / block_size)
     x32 = x.float()
@@ -103,7 +104,7 @@ def coarsen_max_l2_reference(q: torch.Tensor, k: torch.Tensor, block_size: int) 
     exact copies of the selected rows (largest fp32 L2 norm in each block, lowest index on ties).
     """
     _validate(q, k, block_size)
-    return _coarsen_one_reference(q, block_size), _coarsen_one_reference(k, block_size)
+    return coarsen_one_max_l2(q, block_size), coarsen_one_max_l2(k, block_size)
 
 
 # ----------------------------------------------------------------------------------------------------------------

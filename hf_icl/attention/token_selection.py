@@ -1,0 +1,245 @@
+"""CAB's causal block selection: every query token picks its own key blocks (MoBA-style gating).
+
+Why per token. A selection shared by a query block must be computed from that block's queries, later tokens
+included, so a token's attention would depend on its future; and teacher-forced logits would differ from
+generation, where the later tokens do not exist yet. Here query token ``t`` (real index ``r``, own block
+``c = r // block_size``) decides from ``q_t`` and the keys of the *complete* blocks ``j < c`` only, so its
+selection is the same in prefill and in decode, whatever follows.
+
+The rule, for each query token (blocks laid over the row's real tokens, padding squeezed out):
+
+* *visible* blocks are ``j <= c``; *forced* blocks are its own block ``c`` (partly visible: token-level
+  causality inside it is the executor's job) and the sinks ``j < sink_blocks``; *candidates* are the visible,
+  unforced blocks, all complete and wholly in the past.
+* the budget counts visible blocks, forced ones included: ``budget="row"`` keeps ``max(1, round((1 - sparsity)
+  * (c + 1)))`` (round half up), ``budget="topk"`` keeps ``topk``; forced blocks are kept even beyond it. A token
+  whose real index is below ``min_seq_len`` keeps every visible block (short prefixes stay dense).
+* candidates are ranked by the policy; ties go to the lower block index.
+
+Block scores (``score``): ``"bound"`` is Quest's upper bound of ``q·k`` over a key block, from the block's
+element-wise min and max keys, ``Σ_d max(q_d kmin_d, q_d kmax_d)``; ``"mean"`` is ``q · mean key``; ``"max_l2"``
+is ``q ·`` the block's largest-norm key (CAB's coarsening). All are scaled like the logits.
+
+FRC (``frc``, ``frc_low``, ``hybrid``): ``A`` = the token's candidate scores min–max normalised over its own
+candidates (a running, causal normalisation); the two-hop term is ``Σ_r A[r] · B[r, k]`` where ``B`` scores block
+``r``'s mean key against block ``k < r`` with the same score, each row normalised the same way (keys, because a
+decode step has no past queries); ``FRC = A - lam * two_hop / n_candidates``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.block_sparse_reference import real_positions
+from ..kernels.coarsen import coarsen_one_max_l2
+from .selection import _top_among
+
+__all__ = [
+    "SCORES",
+    "TOKEN_POLICIES",
+    "achieved_sparsity",
+    "key_block_summaries",
+    "select_token_blocks",
+    "token_block_scores",
+    "token_block_mass",
+    "token_frc_scores",
+]
+
+SCORES = ("bound", "mean", "max_l2")
+TOKEN_POLICIES = ("dense", "frc", "frc_low", "hybrid", "magnitude", "oracle", "streaming")
+_FRC_POLICIES = ("frc", "frc_low", "hybrid")
+
+
+# -- block summaries and scores --------------------------------------------------------------------
+
+
+def _compact(x: torch.Tensor, key_index: torch.Tensor | None) -> torch.Tensor:
+    """``(B, Hk, Nk, D)`` with each row's real tokens moved to the front (in order)."""
+    if key_index is None:
+        return x
+    return x.gather(2, key_index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[3]))
+
+
+def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
+    pad = -x.shape[2] % block_size
+    return torch.nn.functional.pad(x, (0, 0, 0, pad)).unflatten(2, (-1, block_size))  # (B, Hk, Mk, bs, D)
+
+
+def key_block_summaries(keys: torch.Tensor, block_size: int, score: str) -> tuple[torch.Tensor, ...]:
+    """Per key block, what ``score`` needs, float32 ``(B, Hk, Mk, D)`` each: ``(kmin, kmax)`` for ``"bound"``,
+    ``(kmean,)`` for ``"mean"``, ``(krep,)`` for ``"max_l2"``. ``keys`` are compacted (real tokens first); a
+    partial last block is summarised over zeros too, which never matters: only complete blocks are candidates."""
+    if score == "max_l2":
+        return (coarsen_one_max_l2(keys, block_size).float(),)
+    blocks = _blocks(keys.float(), block_size)
+    if score == "mean":
+        return (blocks.mean(3),)
+    if score == "bound":
+        return blocks.amin(3), blocks.amax(3)
+    raise ValueError(f"score={score!r} is unknown; allowed: {list(SCORES)}")
+
+
+def _per_kv_head(query: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """``(B, H, N, D)`` → ``(B, Hk, g·N, D)``: each KV head's query heads stacked (no copy of the keys)."""
+    batch, heads, n, dim = query.shape
+    return query.reshape(batch, kv_heads, (heads // kv_heads) * n, dim)
+
+
+def _score(probe: torch.Tensor, summaries: tuple[torch.Tensor, ...], scaling: float) -> torch.Tensor:
+    """``probe (B, Hk, R, D) · summaries`` → ``(B, Hk, R, Mk)`` float32."""
+    probe = probe.float()
+    if len(summaries) == 2:  # bound: positive q components meet kmax, negative ones kmin
+        kmin, kmax = summaries
+        raw = probe.clamp_min(0) @ kmax.transpose(-1, -2) + probe.clamp_max(0) @ kmin.transpose(-1, -2)
+    else:
+        raw = probe @ summaries[0].transpose(-1, -2)
+    return raw * scaling
+
+
+def token_block_scores(query: torch.Tensor, summaries: tuple[torch.Tensor, ...], scaling: float) -> torch.Tensor:
+    """Every query token against every key block: float32 ``(B, H, Nq, Mk)``."""
+    batch, heads, n_q, _ = query.shape
+    kv_heads = summaries[0].shape[1]
+    scores = _score(_per_kv_head(query, kv_heads), summaries, scaling)
+    return scores.view(batch, heads, n_q, -1)
+
+
+def _minmax(scores: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
+    """Min–max normalise each row over its candidates to [0, 1]; 1 where a row's candidates are all equal;
+    0 off the candidates."""
+    lo = scores.masked_fill(~candidate, float("inf")).amin(-1, keepdim=True)
+    hi = scores.masked_fill(~candidate, float("-inf")).amax(-1, keepdim=True)
+    span = hi - lo
+    safe_lo = lo.masked_fill(~torch.isfinite(lo), 0.0)
+    a = torch.where(span > 0, (scores - safe_lo) / span.clamp_min(torch.finfo(torch.float32).tiny), 1.0)
+    return a.masked_fill(~candidate, 0.0)
+
+
+def _hop_matrix(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float, heads: int) -> torch.Tensor:
+    """``B (B, H, Mk, Mk)``: block ``r``'s mean key scored against block ``k < r``, rows min–max normalised."""
+    n_blocks = means.shape[2]
+    raw = _score(means, summaries, scaling)  # (B, Hk, Mk, Mk)
+    lower = torch.ones(n_blocks, n_blocks, dtype=torch.bool, device=means.device).tril(-1)
+    hop = _minmax(raw, lower)
+    return hop.repeat_interleave(heads // hop.shape[1], dim=1)
+
+
+def token_frc_scores(scores: torch.Tensor, candidate: torch.Tensor, hop: torch.Tensor, lam: float) -> torch.Tensor:
+    """Causal FRC per token (see the module docstring): ``A - lam * (A @ B) / n_candidates`` on the candidates."""
+    a = _minmax(scores, candidate)
+    two_hop = a @ hop
+    n_candidates = candidate.sum(-1, keepdim=True).clamp_min(1)
+    return (a - lam * two_hop / n_candidates).masked_fill(~candidate, 0.0)
+
+
+def token_block_mass(
+    query: torch.Tensor, keys: torch.Tensor, scaling: float, block_size: int, q_pos: torch.Tensor, n_real: torch.Tensor
+) -> torch.Tensor:
+    """The oracle's ranks: the true causal softmax mass each query token puts on each key block, float32
+    ``(B, H, Nq, Mk)`` (dense O(Nq·Nk): an evaluation upper bound, not a speed-up). ``keys`` are compacted."""
+    batch, heads, n_q, _ = query.shape
+    kv_heads, n_k = keys.shape[1], keys.shape[2]
+    logits = (_per_kv_head(query, kv_heads).float() @ keys.float().transpose(-1, -2)).view(batch, heads, n_q, n_k)
+    k_pos = torch.arange(n_k, device=query.device)
+    allowed = (k_pos <= q_pos[:, :, None]) & (k_pos < n_real.view(-1, 1, 1))
+    probs = torch.softmax((logits * scaling).masked_fill(~allowed[:, None], float("-inf")), -1).nan_to_num(0.0)
+    pad = -n_k % block_size
+    return torch.nn.functional.pad(probs, (0, pad)).unflatten(-1, (-1, block_size)).sum(-1)
+
+
+# -- selection ---------------------------------------------------------------------------------------
+
+
+def select_token_blocks(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    scaling: float,
+    block_size: int,
+    policy: str,
+    score: str = "bound",
+    budget: str = "row",
+    sparsity: float = 0.9,
+    topk: int = 8,
+    sink_blocks: int = 1,
+    min_seq_len: int = 0,
+    lam: float = 0.5,
+    magnitude_fraction: float = 0.5,
+    key_valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The per-token selection ``(B, H, Nq, Mk)`` bool under the rule of the module docstring.
+
+    ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)``; ``key_valid``
+    ``(B, Nk)`` marks real tokens (None: no padding). Arguments are trusted (CABParams validated them).
+    """
+    batch, heads, n_q, _ = query.shape
+    n_k = key.shape[2]
+    n_blocks = -(-n_k // block_size)
+    device = query.device
+    q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, device)
+    own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
+    cols = torch.arange(n_blocks, device=device)
+    visible = (cols <= own) & (own >= 0)
+    forced = visible & ((cols == own) | (cols < sink_blocks))
+    candidate = visible & ~forced
+    if policy == "dense" or (budget == "row" and sparsity == 0):
+        return visible.expand(batch, heads, n_q, n_blocks).clone()
+    if budget == "row":
+        n_keep = torch.floor((1.0 - sparsity) * (own + 1).double() + 0.5).clamp_min(1).long()
+        max_count = min(n_blocks, int((1.0 - sparsity) * n_blocks + 0.5) + 1)
+    else:
+        n_keep = torch.full_like(own, topk)
+        max_count = min(n_blocks, topk)
+    remaining = (n_keep - forced.sum(-1, keepdim=True)).clamp_min(0).squeeze(-1)  # (B|1, 1, Nq)
+    keys = _compact(key, key_index)
+    if policy == "streaming":
+        chosen = _top_among(cols.float().expand(candidate.shape), candidate, remaining, max_count)
+    elif policy == "oracle":
+        mass = token_block_mass(query, keys, scaling, block_size, q_pos.expand(batch, -1), n_real.expand(batch))
+        chosen = _top_among(mass, candidate, remaining, max_count)
+    else:
+        summaries = key_block_summaries(keys, block_size, score)
+        scores = token_block_scores(query, summaries, scaling)
+        chosen = _rank_and_pick(
+            scores,
+            candidate,
+            remaining,
+            max_count,
+            policy,
+            summaries,
+            keys,
+            scaling,
+            lam,
+            magnitude_fraction,
+            block_size,
+        )
+    keep = forced | chosen
+    if min_seq_len > 0:  # early tokens attend densely
+        keep = keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
+    return keep.expand(batch, heads, n_q, n_blocks)
+
+
+def _rank_and_pick(scores, candidate, remaining, max_count, policy, summaries, keys, scaling, lam, fraction, bs):
+    """The score-based policies: magnitude, frc, frc_low and hybrid (magnitude's share first, FRC the rest)."""
+    if policy == "magnitude":
+        return _top_among(scores, candidate, remaining, max_count)
+    means = _blocks(keys.float(), bs).mean(3)
+    frc = token_frc_scores(scores, candidate, _hop_matrix(summaries, means, scaling, scores.shape[1]), lam)
+    if policy == "frc":
+        return _top_among(frc, candidate, remaining, max_count)
+    if policy == "frc_low":
+        return _top_among(-frc, candidate, remaining, max_count)
+    n_magnitude = torch.floor(remaining.float() * fraction + 0.5).long()
+    by_magnitude = _top_among(scores, candidate, n_magnitude, max_count)
+    return by_magnitude | _top_among(frc, candidate & ~by_magnitude, remaining - n_magnitude, max_count)
+
+
+def achieved_sparsity(
+    token_keep: torch.Tensor, block_size: int, n_k: int, key_valid: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The fraction of visible (query token, key block) pairs the selection skipped: a float32 scalar tensor (no
+    sync). Visible means the key block is at most the token's own; padded queries do not count."""
+    batch, heads, n_q, _ = token_keep.shape
+    q_pos, _, _ = real_positions(key_valid, n_q, n_k, token_keep.device)
+    visible = (q_pos // block_size + 1).clamp_min(0).expand(batch, -1).sum() * heads
+    return 1.0 - token_keep.sum().float() / visible.clamp_min(1).float()
