@@ -3,15 +3,27 @@
 For every method (dense ``"sdpa"`` once, then every CAB policy × sparsity) and every passkey prompt of
 :class:`~hf_icl.data.niah.NeedleInAHaystackConfig`, :func:`run_niah` records
 
-* ``exact_match``: greedy generation of ``len(answer_ids)`` tokens, decoded and stripped, equals the passkey;
-* ``answer_logprob``: the summed log-probability of ``answer_ids`` after the prompt (one teacher-forced forward);
+* ``answer_logprob``: the summed log-probability of ``answer_ids`` after the prompt, from one teacher-forced
+  forward over prompt + answer;
+* ``exact_match``: greedy generation of ``len(answer_ids)`` tokens, decoded and stripped, equals the passkey.
+  When the teacher-forced argmax already equals the answer at every answer position, greedy generation would
+  produce exactly those tokens (attention is causal, so teacher-forced logits are those of step-by-step
+  decoding), so the record takes them without running ``generate``; otherwise ``generate`` runs for the text;
 * ``preservation``: the attention-preservation score of the CAB selection on the needle. In every layer and
-  head, the dense attention mass that the last ``preservation_queries`` queries (default: the question's
-  tokens) put on the needle's tokens ``[needle_start, needle_end)``, and the share of it that the block
-  selection keeps (:func:`~hf_icl.attention.selection.attention_preservation`), averaged over layers and
-  heads. It is measured on the model's own queries and keys during the CAB prefill of the generation (a
-  probe attention implementation records them, then runs CAB unchanged) and needs ``O(rows × N)`` memory
-  per head. Dense attention preserves everything: 1.0.
+  head, the dense attention mass that the last ``preservation_queries`` queries of the prompt (default: the
+  question's tokens and what the chat template puts after them) put on the needle's tokens
+  ``[needle_start, needle_end)``, and the share of it that the selection keeps
+  (:func:`~hf_icl.attention.selection.attention_preservation`), averaged over layers and heads. It is measured
+  on the model's own queries and keys during the teacher-forced CAB forward (a probe attention implementation
+  records them, then runs CAB unchanged) and needs ``O(rows × N)`` memory per head. Dense attention preserves
+  everything: 1.0;
+* ``achieved_sparsity``: the fraction of causal (query token, key block) pairs the selection dropped in that
+  forward, over every query token, head and layer (a key block is causal for a query when it is not after the
+  query's own block). Dense: 0.0.
+
+Chat models (``chat_template=True``): each prompt becomes the user message of the tokenizer's chat template,
+as ids ``prefix + prompt + suffix`` (the template's text around the message, tokenised on its own), so the
+needle span stays exact; the answer follows the template's generation prompt.
 
 Results go to a JSON-lines file, one record per (method, context length, depth, sample), appended and
 flushed one at a time; a rerun skips the records already there, so an interrupted run resumes. The
@@ -47,7 +59,6 @@ import torch
 from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, select_cab_blocks
 from ..attention.selection import attention_preservation
 from ..kernels.block_sparse_attention import expand_kv
-from ..kernels.block_sparse_reference import token_mask
 from ..validation import check_choice, check_float, check_int
 
 __all__ = [
@@ -80,13 +91,16 @@ RECORD_FIELDS = (
     "exact_match",
     "answer_logprob",
     "preservation",
+    "achieved_sparsity",
     "needle_start",
     "needle_end",
 )
 #: The attention implementation that records queries and keys for the preservation score, then runs CAB.
 PROBE = "cab_probe"
 _HEADER = "niah_header"
-_FORMAT = 1
+_FORMAT = 2  # 2: teacher-forced first, achieved_sparsity, chat template and GGUF file in the header
+#: Stands for the user message when the chat template is rendered; the text around it wraps every prompt.
+_SENTINEL = "HFICLUSERMESSAGESENTINEL"
 
 
 # -- methods -------------------------------------------------------------------------------------
@@ -154,6 +168,32 @@ def niah_methods(
 # -- attention preservation ----------------------------------------------------------------------
 
 
+def _token_selection(keep: torch.Tensor, block_size: int, n_q: int, first: int = 0) -> torch.Tensor:
+    """The key blocks each query ``first … n_q - 1`` attends: ``(B, H, n_q - first, Mk)`` bool.
+
+    ``keep`` is what :func:`~hf_icl.attention.cab.select_cab_blocks` returns: a per-token selection
+    ``(B, H, Nq, Mk)``, or a block selection ``(B, H, Mq, Mk)`` whose row ``i`` holds for the queries
+    ``i·block_size …`` (counted from the first query). The two shapes differ whenever ``Nq > 1``, and for one
+    query both mean the same, so this is the only place that tells them apart; it expands just the rows asked for.
+    """
+    if keep.shape[2] == n_q:
+        return keep[:, :, first:n_q]
+    first_block = first // block_size
+    start = first_block * block_size
+    return keep[:, :, first_block:].repeat_interleave(block_size, dim=2)[:, :, first - start : n_q - start]
+
+
+def _kept_token_mask(token_keep: torch.Tensor, block_size: int, n_k: int, q_offset: int = 0) -> torch.Tensor:
+    """Per-token block selection ``(B, H, Nq, Mk)`` → ``(B, H, Nq, Nk)`` bool: kept block and key ≤ query position.
+
+    ``q_offset`` is the first query's absolute position.
+    """
+    n_q = token_keep.shape[2]
+    kept = token_keep.repeat_interleave(block_size, dim=3)[..., :n_k]
+    positions = q_offset + torch.arange(n_q, device=token_keep.device)
+    return kept & (positions[:, None] >= torch.arange(n_k, device=token_keep.device))
+
+
 def needle_preservation(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -168,10 +208,11 @@ def needle_preservation(
     """Share of the dense attention on the needle that a block selection keeps, for the last queries.
 
     ``query (B, H, Nq, D)`` at absolute positions ``Nk - Nq …``, ``key (B, H or KV heads, Nk, D)``, ``keep``
-    the ``(B, H, Mq, Mk)`` block selection CAB attends over (query blocks counted from the first query).
-    The dense causal probabilities of the last ``last_rows`` queries are computed here, ``O(last_rows × Nk)``
-    per head, and scored with :func:`~hf_icl.attention.selection.attention_preservation` over the keys
-    ``[needle_start, needle_end)``. Returns ``(B, H)`` float32 in ``[0, 1]``.
+    the selection CAB attends over: per token ``(B, H, Nq, Mk)`` or per query block ``(B, H, Mq, Mk)``
+    (query blocks counted from the first query). The dense causal probabilities of the last ``last_rows``
+    queries are computed here, ``O(last_rows × Nk)`` per head, and scored with
+    :func:`~hf_icl.attention.selection.attention_preservation` over the keys ``[needle_start, needle_end)``.
+    Returns ``(B, H)`` float32 in ``[0, 1]``.
     """
     n_q, n_k = query.shape[2], key.shape[2]
     q_offset = n_k - n_q
@@ -182,33 +223,53 @@ def needle_preservation(
     positions = q_offset + first + torch.arange(rows, device=query.device)
     causal = positions[:, None] >= torch.arange(n_k, device=query.device)
     probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
-    first_block = first // block_size  # only the query blocks holding the scored rows are expanded to tokens
-    start = first_block * block_size
-    kept = token_mask(keep[:, :, first_block:], block_size, n_q - start, n_k, q_offset + start)[:, :, first - start :]
+    kept = _kept_token_mask(_token_selection(keep, block_size, n_q, first), block_size, n_k, q_offset + first)
     needle = torch.zeros(n_k, dtype=torch.bool, device=query.device)
     needle[needle_start:needle_end] = True
     return attention_preservation(probs, kept, needle)
 
 
-class _PreservationProbe:
-    """Scores every prefill attention call it sees (one per layer) with :func:`needle_preservation`."""
+def _causal_pairs(token_keep: torch.Tensor, block_size: int) -> tuple[int, int]:
+    """(kept, total) causal (query token, key block) pairs of a prefill's per-token selection, over all heads."""
+    n_q, n_blocks = token_keep.shape[2], token_keep.shape[3]
+    device = token_keep.device
+    causal = (torch.arange(n_q, device=device) // block_size)[:, None] >= torch.arange(n_blocks, device=device)
+    kept = int((token_keep & causal).sum())
+    return kept, int(causal.sum()) * token_keep.shape[0] * token_keep.shape[1]
 
-    def __init__(self, needle_start: int, needle_end: int, last_rows: int):
+
+class _PreservationProbe:
+    """Watches the teacher-forced CAB forward over prompt + answer, one attention call per layer.
+
+    Per layer it scores :func:`needle_preservation` on the prompt's queries and keys (the first
+    ``prompt_length``; the answer's rows are not scored) and counts the (query token, key block) pairs the
+    selection drops, for ``achieved_sparsity``.
+    """
+
+    def __init__(self, needle_start: int, needle_end: int, last_rows: int, prompt_length: int):
         self.needle = (needle_start, needle_end)
         self.last_rows = last_rows
+        self.prompt_length = prompt_length
         self.scores: list[float] = []
+        self.kept = self.total = 0
 
     def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
         params = CABParams.from_config(module.config)
-        if params.sparsity == 0:  # cab_attention_forward runs dense attention: everything is kept
+        n = query.shape[2]
+        if params.sparsity == 0 or key.shape[2] < params.min_seq_len:  # CAB runs dense attention: all kept
             self.scores.append(1.0)
+            pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
+            self._count(pairs, pairs)
             return
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - query.shape[2])
+        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
+        token_keep = _token_selection(keep, params.block_size, n)
+        self._count(*_causal_pairs(token_keep, params.block_size))
+        prompt = min(self.prompt_length, n)
         score = needle_preservation(
-            query,
-            key,
-            keep,
+            query[:, :, :prompt],
+            key[:, :, :prompt],
+            token_keep[:, :, :prompt],
             block_size=params.block_size,
             scaling=scaling,
             needle_start=self.needle[0],
@@ -217,13 +278,24 @@ class _PreservationProbe:
         )
         self.scores.append(float(score.mean()))
 
-    def value(self) -> float:
+    def _count(self, kept: int, total: int) -> None:
+        self.kept += kept
+        self.total += total
+
+    def _check_seen(self) -> None:
         if not self.scores:
             raise RuntimeError(
                 "no attention call reached the preservation probe: the model does not route attention through "
                 "transformers' AttentionInterface (set_attn_implementation), so CAB cannot be evaluated on it"
             )
+
+    def value(self) -> float:
+        self._check_seen()
         return sum(self.scores) / len(self.scores)
+
+    def achieved_sparsity(self) -> float:
+        self._check_seen()
+        return 1.0 - self.kept / self.total if self.total else 0.0
 
 
 _ACTIVE_PROBE: _PreservationProbe | None = None
@@ -327,15 +399,67 @@ def _bos_prefix(tokenizer) -> list[int]:
     return [bos] if tokenizer("a")["input_ids"][:1] == [bos] else []
 
 
-def _answer_logprob(model, prompt_ids: list[int], answer_ids: list[int], device: torch.device) -> float:
-    """Sum of ``log p(answer_ids[t] | prompt, answer_ids[:t])`` from one teacher-forced forward."""
-    ids = torch.tensor([prompt_ids + answer_ids], device=device)
+@dataclass(frozen=True)
+class _PromptWrap:
+    """Token ids put around every builder prompt: a BOS, or a chat template's text around the user message."""
+
+    prefix: tuple[int, ...] = ()
+    suffix: tuple[int, ...] = ()
+
+    def __call__(self, ids) -> list[int]:
+        return [*self.prefix, *ids, *self.suffix]
+
+
+def _chat_wrap(tokenizer) -> _PromptWrap:
+    """The chat template's ids before and after one user message (generation prompt included).
+
+    The template is rendered around a sentinel message and the text on each side tokenised on its own (the
+    template writes its own special tokens, so none are added), so the prompt's ids go in unchanged.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            "chat_template=True needs a tokenizer with a chat_template, and this one has none; "
+            "pass chat_template=False (hf-icl niah --chat-template off)"
+        )
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": _SENTINEL}], add_generation_prompt=True, tokenize=False
+    )
+    if not isinstance(text, str) or text.count(_SENTINEL) != 1:
+        raise ValueError(
+            "the tokenizer's chat_template does not write the user message verbatim exactly once, so prompts cannot "
+            "be wrapped in it without re-tokenising them; pass chat_template=False"
+        )
+    before, after = text.split(_SENTINEL)
+
+    def ids(part: str) -> tuple[int, ...]:
+        return tuple(tokenizer(part, add_special_tokens=False)["input_ids"]) if part else ()
+
+    return _PromptWrap(ids(before), ids(after))
+
+
+def _prompt_wrap(tokenizer, chat_template: bool) -> _PromptWrap:
+    return _chat_wrap(tokenizer) if chat_template else _PromptWrap(tuple(_bos_prefix(tokenizer)))
+
+
+def _answer_logits(model, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
+    """``(len(answer_ids), V)`` float32 logits predicting each answer token: one teacher-forced forward."""
+    ids = torch.tensor([prompt_ids + answer_ids], device=_model_device(model))
     keep = len(answer_ids) + 1
     extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-    logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
-    logprobs = logits[0, -keep:-1].float().log_softmax(-1)
-    target = torch.tensor(answer_ids, device=logprobs.device)
-    return float(logprobs.gather(-1, target[:, None]).sum())
+    with torch.no_grad():
+        logits = model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **extra).logits
+    return logits[0, -keep:-1].float()
+
+
+def _answer_logprob(logits: torch.Tensor, answer_ids: list[int]) -> float:
+    """Sum of ``log p(answer_ids[t] | prompt, answer_ids[:t])`` from :func:`_answer_logits`."""
+    target = torch.tensor(answer_ids, device=logits.device)
+    return float(logits.log_softmax(-1).gather(-1, target[:, None]).sum())
+
+
+def _greedy_is_answer(logits: torch.Tensor, answer_ids: list[int]) -> bool:
+    """Whether the teacher-forced argmax is the answer at every position: then greedy decoding yields it."""
+    return logits.argmax(-1).tolist() == list(answer_ids)
 
 
 def greedy_answer(model, tokenizer, prompt_ids: list[int], n_tokens: int, pad_token_id: int) -> str:
@@ -350,24 +474,29 @@ def greedy_answer(model, tokenizer, prompt_ids: list[int], n_tokens: int, pad_to
             num_beams=1,
             pad_token_id=pad_token_id,
         )
-    return tokenizer.decode(out[0, len(prompt_ids) :].tolist(), skip_special_tokens=True).strip()
+    return _decoded(tokenizer, out[0, len(prompt_ids) :].tolist())
+
+
+def _decoded(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=True).strip()
 
 
 def _evaluate_row(
-    model, tokenizer, row: dict, method: NIAHMethod, last_rows: int, pad_id: int, prefix: list[int]
+    model, tokenizer, row: dict, method: NIAHMethod, last_rows: int, pad_id: int, wrap: _PromptWrap
 ) -> dict[str, Any]:
-    device = _model_device(model)
-    prompt, answer_ids = [*prefix, *row["input_ids"]], list(row["answer_ids"])
-    shift = len(prefix)
+    prompt, answer_ids = wrap(row["input_ids"]), list(row["answer_ids"])
+    shift = len(wrap.prefix)
     probe = (
         None
         if method.is_dense
-        else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows)
+        else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows, len(prompt))
     )
-    with _probing(probe):  # the generation's prefill is the CAB prefill the probe scores
+    with _probing(probe):  # the teacher-forced forward is the CAB forward the probe scores
+        logits = _answer_logits(model, prompt, answer_ids)
+    if _greedy_is_answer(logits, answer_ids):
+        generated = _decoded(tokenizer, answer_ids)
+    else:
         generated = greedy_answer(model, tokenizer, prompt, len(answer_ids), pad_id)
-    with torch.no_grad():
-        logprob = _answer_logprob(model, prompt, answer_ids, device)
     return {
         "method": method.label,
         "policy": method.policy,
@@ -378,8 +507,9 @@ def _evaluate_row(
         "answer": row["answer"],
         "generated": generated,
         "exact_match": generated == row["answer"],
-        "answer_logprob": logprob,
+        "answer_logprob": _answer_logprob(logits, answer_ids),
         "preservation": 1.0 if probe is None else probe.value(),
+        "achieved_sparsity": 0.0 if probe is None else probe.achieved_sparsity(),
         "needle_start": int(row["needle_start"]),
         "needle_end": int(row["needle_end"]),
     }
@@ -444,6 +574,20 @@ def _haystack_id(haystack) -> str:
     return f"{type(haystack).__name__}:{getattr(haystack, '_fingerprint', id(haystack))}"
 
 
+#: the CAB fields run_niah sets itself (per method, or fixed for the evaluation); the others come from the config
+_SET_BY_RUN = ("sparsity", "policy", "block_size", "budget", "min_seq_len", "decode")
+
+
+def _other_cab_fields(config) -> dict[str, Any]:
+    """CAB's hyperparameters that run_niah does not set, as the model's config holds them (defaults if absent).
+
+    Every field of :class:`~hf_icl.attention.cab.CABParams` but :data:`_SET_BY_RUN`, so fields CAB gains later
+    are recorded (and keep results of different settings apart) without a change here.
+    """
+    params = CABParams.from_config(config)
+    return {name: getattr(params, name) for name in params.__dataclass_fields__ if name not in _SET_BY_RUN}
+
+
 # -- the run -------------------------------------------------------------------------------------
 
 
@@ -462,6 +606,8 @@ def run_niah(
     haystack: Any = "filler",
     progress: bool = True,
     preservation_queries: int | None = None,
+    chat_template: bool = False,
+    gguf_file: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on passkey retrieval under every method; one record per (method, prompt).
 
@@ -473,17 +619,25 @@ def run_niah(
         context_lengths, depths, samples_per_cell, seed, haystack: the prompts, as in
             :class:`~hf_icl.data.niah.NeedleInAHaystackConfig`.
         methods: what to evaluate, e.g. :func:`niah_methods`.
-        block_size, budget: CAB's block size and budget (``"row"`` or ``"global"``), shared by every policy.
+        block_size, budget: CAB's block size and budget (one of :data:`hf_icl.attention.cab.BUDGETS`), shared
+            by every policy.
         results_file: JSON-lines file; records already there are loaded and not recomputed, new ones are
-            appended and flushed one by one. It must have been written with the same model name,
-            tokenizer, seed, block size, budget, haystack, dtype, ``preservation_queries`` and CAB's other
-            hyperparameters (``cab_lambda``, ``cab_sink_blocks``, ``cab_magnitude_fraction`` of the model config).
+            appended and flushed one by one. It must have been written with the same model name (and
+            ``gguf_file``), tokenizer, seed, block size, budget, haystack, dtype, ``preservation_queries``,
+            ``chat_template`` and CAB's other hyperparameters (every other ``cab_*`` field of the model config,
+            e.g. ``cab_lambda``, ``cab_sink_blocks``, ``cab_magnitude_fraction``).
         progress: show a tqdm bar over (method, prompt) pairs with the running accuracy.
-        preservation_queries: how many final prompt tokens score the preservation (default: the question).
+        preservation_queries: how many final prompt tokens score the preservation (default: the question's
+            tokens plus the chat template's after them).
+        chat_template: make each prompt the user message of the tokenizer's chat template (see the module
+            docstring); the tokenizer must have one. Off: the prompt follows the tokenizer's BOS when it adds
+            one to every text.
+        gguf_file: the GGUF file the model was loaded from, if any (``from_pretrained(..., gguf_file=...)``);
+            recorded in the results file's header so runs of two files in one directory do not mix.
 
-    Prompts are the builder's rows, after the tokenizer's BOS token when it adds one to every text (record
-    spans stay those of the rows). Returns the records of this grid (loaded or computed), method by method
-    in prompt order; each has the fields of :data:`RECORD_FIELDS`.
+    Record spans stay those of the builder's rows (the wrap's prefix is not counted). Returns the records of
+    this grid (loaded or computed), method by method in prompt order; each has the fields of
+    :data:`RECORD_FIELDS`.
     """
     from tqdm.auto import tqdm
 
@@ -511,9 +665,10 @@ def run_niah(
         seed=seed,
     )
     rows = list(config.rows())
-    last_rows = preservation_queries or len(config._question_ids)  # the question closes every prompt
-    prefix = _bos_prefix(tokenizer)
-    longest = len(prefix) + max(len(row["input_ids"]) + len(row["answer_ids"]) for row in rows)
+    wrap = _prompt_wrap(tokenizer, bool(chat_template))
+    # the question (and the template's suffix) close every prompt: the queries that must find the needle
+    last_rows = preservation_queries or len(config._question_ids) + len(wrap.suffix)
+    longest = max(len(wrap(row["input_ids"])) + len(row["answer_ids"]) for row in rows)
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and longest > limit:
         raise ValueError(
@@ -521,7 +676,6 @@ def run_niah(
             f"max_position_embeddings={limit}"
         )
 
-    current = CABParams.from_config(model.config)
     header = {
         "format": _FORMAT,
         "model": str(getattr(model.config, "name_or_path", "") or ""),
@@ -533,8 +687,9 @@ def run_niah(
         "budget": budget,
         "haystack": _haystack_id(haystack),
         "preservation_queries": preservation_queries,
-        # CAB hyperparameters run_niah does not set: taken from the model's config as they are
-        "cab": {name: getattr(current, name) for name in ("lam", "sink_blocks", "magnitude_fraction")},
+        "chat_template": bool(chat_template),
+        "gguf_file": None if gguf_file is None else os.path.basename(str(gguf_file)),
+        "cab": _other_cab_fields(model.config),
     }
     done: dict[tuple, dict] = {}
     handle = None
@@ -566,7 +721,7 @@ def run_niah(
                         if not switched:
                             _use_method(model, method, block_size, budget)
                             switched = True
-                        record = _evaluate_row(model, tokenizer, row, method, last_rows, pad_id, prefix)
+                        record = _evaluate_row(model, tokenizer, row, method, last_rows, pad_id, wrap)
                         if handle is not None:
                             handle.write(json.dumps(record) + "\n")
                             handle.flush()
