@@ -7,6 +7,7 @@ hf-icl compare                    compare in-context estimators on a task family
 hf-icl tasks                      list task families and their hyperparameters
 hf-icl dataset --config NAME ...  build an ICLTasks dataset, save it or push it to the Hub
 hf-icl niah --model M ...         needle-in-a-haystack: dense vs CAB policies × sparsities (resumable)
+hf-icl perplexity --model M ...   long-text perplexity: dense vs CAB policies × sparsities
 
 Multi-GPU: accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml
 """
@@ -130,12 +131,12 @@ def _model_source(flag: str, name: str, *, needs: str | None = "config.json") ->
     return name
 
 
-def _load_config(flag: str, name: str, source: str):
-    """``AutoConfig.from_pretrained(source)``; a Hub that cannot be reached becomes a ``CLIError``."""
+def _load_config(flag: str, name: str, source: str, **kwargs):
+    """``AutoConfig.from_pretrained(source, **kwargs)``; a Hub that cannot be reached becomes a ``CLIError``."""
     from transformers import AutoConfig
 
     try:
-        return AutoConfig.from_pretrained(source)
+        return AutoConfig.from_pretrained(source, **kwargs)
     except OSError as err:
         if Path(source).exists():
             raise
@@ -417,23 +418,120 @@ def _csv(kind, name: str):
     return parse
 
 
-def run_niah_command(args) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM
+def _gguf_available() -> bool:
+    """Whether the ``gguf`` package (transformers' GGUF reader) is installed."""
+    import importlib.util
+
+    return importlib.util.find_spec("gguf") is not None
+
+
+def _causal_lm_source(args) -> tuple[str, dict]:
+    """``--model`` (with ``--gguf-file``) checked: the model's path and the keyword arguments that load it.
+
+    The keywords are ``{"gguf_file": FILE}`` for a GGUF checkpoint (model, config and tokenizer all read it),
+    else ``{}``. The config is loaded to check that the model is a causal LM before any weights load.
+    """
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-    from .attention.cab import CABParams, config_field
-    from .data.niah import NeedleInAHaystackConfig, load_tokenizer
+    gguf = {}
+    if args.gguf_file is None:
+        if str(args.model).endswith(".gguf") and Path(args.model).expanduser().is_file():
+            raise CLIError(
+                f"--model {args.model} is a GGUF file: pass its directory as --model and its name as --gguf-file"
+            )
+        source = _model_source("--model", args.model)
+    else:
+        directory = Path(args.model).expanduser()
+        if directory.is_dir() and not (directory / args.gguf_file).is_file():
+            raise CLIError(f"--gguf-file {args.gguf_file}: no such file in the --model directory {args.model}")
+        if not _gguf_available():
+            raise CLIError(
+                f"--gguf-file {args.gguf_file}: reading GGUF checkpoints needs the gguf package, which is not "
+                "installed: pip install 'hf_icl[llm]'"
+            )
+        source = _model_source("--model", args.model, needs=args.gguf_file)
+        gguf = {"gguf_file": args.gguf_file}
+    config = _load_config("--model", args.model, source, **gguf)
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise CLIError(
+            f"--model {args.model} holds a {config.model_type!r} model ({type(config).__name__}), which is no causal "
+            f"language model; hf-icl {args.command} needs one that AutoModelForCausalLM loads (e.g. GPT-2, Llama)"
+        )
+    return source, gguf
+
+
+def _causal_lm_tokenizer(args, source: str, gguf: dict):
+    """``--tokenizer`` if given, else the model's own (from its GGUF file when it has one); a fast tokenizer."""
+    from .data.niah import load_tokenizer
+
+    if args.tokenizer is not None:
+        return load_tokenizer(_model_source("--tokenizer", args.tokenizer, needs=None))
+    if gguf:
+        from transformers import AutoTokenizer
+
+        return load_tokenizer(AutoTokenizer.from_pretrained(source, **gguf))
+    return load_tokenizer(source)
+
+
+def _load_causal_lm(source: str, gguf: dict, dtype: str, device):
+    """The model, in eval mode on ``device`` (None: cuda if available, else cpu), with SDPA attention."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **gguf)
+    return model.to(device).eval()
+
+
+#: CAB hyperparameters with a flag of their own: CABParams field → flag (set on the model config when given)
+_CAB_KNOBS = {
+    "lam": "--lam",
+    "sink_blocks": "--sink-blocks",
+    "magnitude_fraction": "--magnitude-fraction",
+    "topk": "--topk",
+    "score": "--score",
+}
+
+
+def _cab_knobs(args) -> dict:
+    """The CAB knobs given on the command line, validated (the errors name the ``cab_*`` field)."""
+    from .attention.cab import CABParams
+
+    knobs = {name: getattr(args, name) for name in _CAB_KNOBS if getattr(args, name) is not None}
+    CABParams(**knobs)
+    return knobs
+
+
+def _set_cab_knobs(model, knobs: dict) -> None:
+    """Store the knobs on the config as ``cab_*`` fields, as enable_cab does, so they survive and are recorded."""
+    from .attention.cab import config_field
+
+    for name, value in knobs.items():
+        setattr(model.config, config_field(name), value)
+
+
+def _check_block_size(block_size: int) -> None:
+    check_int("--block-size", block_size, low=16, high=128)
+    if block_size & (block_size - 1):
+        raise CLIError(f"--block-size must be a power of two in [16, 128], got {block_size}")
+
+
+def _use_chat_template(choice: str, tokenizer) -> bool:
+    """``--chat-template``: on, off, or auto (on when the tokenizer has a chat template)."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if choice == "on" and not has_template:
+        raise CLIError("--chat-template on: the tokenizer has no chat_template; use --chat-template off (or auto)")
+    return has_template if choice == "auto" else choice == "on"
+
+
+def run_niah_command(args) -> int:
+    from .data.niah import NeedleInAHaystackConfig
     from .evaluation.niah import niah_methods, run_niah
     from .evaluation.niah_report import write_niah_report
 
     methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
-    knobs = {name: getattr(args, name) for name in ("lam", "sink_blocks", "magnitude_fraction")}
-    knobs = {name: value for name, value in knobs.items() if value is not None}
-    CABParams(**knobs)  # validates them (the errors name the cab_* field)
-    check_int("--block-size", args.block_size, low=16, high=128)
-    if args.block_size & (args.block_size - 1):
-        raise CLIError(f"--block-size must be a power of two in [16, 128], got {args.block_size}")
+    knobs = _cab_knobs(args)
+    _check_block_size(args.block_size)
     _at_least("--samples", args.samples, 1)
     _at_least("--seed", args.seed, 0)
     _at_least("--preservation-queries", args.preservation_queries, 1)
@@ -441,15 +539,9 @@ def run_niah_command(args) -> int:
         _existing_file("--haystack", args.haystack)
     _writable("--output-dir", args.output_dir, directory=True)
     device = _device("--device", args.device)
-    model_path = _model_source("--model", args.model)
-    config = _load_config("--model", args.model, model_path)
-    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
-        raise CLIError(
-            f"--model {args.model} holds a {config.model_type!r} model ({type(config).__name__}), which is no causal "
-            "language model; hf-icl niah needs one that AutoModelForCausalLM loads (e.g. GPT-2, Llama)"
-        )
-    tokenizer_path = model_path if args.tokenizer is None else _model_source("--tokenizer", args.tokenizer, needs=None)
-    tokenizer = load_tokenizer(tokenizer_path)
+    source, gguf = _causal_lm_source(args)
+    tokenizer = _causal_lm_tokenizer(args, source, gguf)
+    chat_template = _use_chat_template(args.chat_template, tokenizer)
     grid = {
         "context_lengths": args.lengths,
         "depths": args.depths,
@@ -458,11 +550,8 @@ def run_niah_command(args) -> int:
         "seed": args.seed,
     }
     NeedleInAHaystackConfig(tokenizer=tokenizer, **grid)  # validates the grid (lengths, depths, ...)
-    device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=args.dtype, attn_implementation="sdpa")
-    model.to(device).eval()
-    for name, value in knobs.items():  # CAB's other hyperparameters live on the config, as enable_cab stores them
-        setattr(model.config, config_field(name), value)
+    model = _load_causal_lm(source, gguf, args.dtype, device)
+    _set_cab_knobs(model, knobs)
     out = Path(args.output_dir)
     records = run_niah(
         model,
@@ -473,12 +562,79 @@ def run_niah_command(args) -> int:
         results_file=out / "results.jsonl",
         progress=not args.no_progress,
         preservation_queries=args.preservation_queries,
+        chat_template=chat_template,
+        gguf_file=args.gguf_file,
         **grid,
     )
     written = write_niah_report(records, out)
     print(written["summary.md"].read_text(encoding="utf-8"))
     print(f"results: {out / 'results.jsonl'} ({len(records)} records); report: {out}")
     return 0
+
+
+def run_perplexity_command(args) -> int:
+    from .evaluation.niah import _other_cab_fields, niah_methods
+    from .evaluation.perplexity import (
+        BUILTIN_TEXT,
+        builtin_text,
+        long_text_perplexity,
+        perplexity_markdown,
+        text_digest,
+    )
+
+    methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
+    knobs = _cab_knobs(args)
+    _check_block_size(args.block_size)
+    _at_least("--length", args.length, 2)
+    _at_least("--windows", args.windows, 1)
+    text = builtin_text() if args.text is None else _read_text("--text", args.text)
+    _writable("--output-dir", args.output_dir, directory=True)
+    device = _device("--device", args.device)
+    source, gguf = _causal_lm_source(args)
+    tokenizer = _causal_lm_tokenizer(args, source, gguf)
+    model = _load_causal_lm(source, gguf, args.dtype, device)
+    _set_cab_knobs(model, knobs)
+    records = long_text_perplexity(
+        model,
+        tokenizer,
+        text,
+        length=args.length,
+        windows=args.windows,
+        methods=methods,
+        block_size=args.block_size,
+        budget=args.budget,
+        progress=not args.no_progress,
+    )
+    header = {
+        "model": args.model,
+        "gguf_file": args.gguf_file,
+        "dtype": str(next(model.parameters()).dtype),
+        "device": str(next(model.parameters()).device),
+        "text": BUILTIN_TEXT if args.text is None else str(args.text),
+        "text_sha256": text_digest(text),
+        "length": args.length,
+        "windows": args.windows,
+        "block_size": args.block_size,
+        "budget": args.budget,
+        "cab": _other_cab_fields(model.config),
+    }
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps({"header": header, "records": records}, indent=2) + "\n")
+    table = perplexity_markdown(records)
+    (out / "results.md").write_text(table, encoding="utf-8")
+    print(table)
+    print(f"results: {out / 'results.json'}, {out / 'results.md'}")
+    return 0
+
+
+def _read_text(flag: str, path: str) -> str:
+    """A UTF-8 text file's contents, with a missing, unreadable or binary file as one clear line."""
+    target = _existing_file(flag, path)
+    try:
+        return target.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise CLIError(f"{flag} {path}: not a UTF-8 text file") from None
 
 
 def run_bench(argv: list[str]) -> int:
@@ -583,55 +739,8 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload as parquet to this Hub repo")
     data.set_defaults(run=run_dataset)
 
-    from .attention.cab import BUDGETS, POLICIES
-    from .evaluation.niah import DEFAULT_POLICIES, DEFAULT_SPARSITIES
-
-    niah = commands.add_parser(
-        "niah", help="needle-in-a-haystack: dense vs CAB policies at several sparsities", formatter_class=_formatter
-    )
-    niah.add_argument("--model", required=True, help="causal LM: local path or Hub name (AutoModelForCausalLM)")
-    niah.add_argument("--tokenizer", default=None, help="fast tokenizer path or name (None: --model's)")
-    niah.add_argument(
-        "--lengths", type=_csv(int, "integers"), default="1024,2048,4096", help="comma-separated context lengths"
-    )
-    niah.add_argument(
-        "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
-    )
-    niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
-    niah.add_argument(
-        "--policies",
-        type=_csv(str, "names"),
-        default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated CAB policies, of {', '.join(POLICIES)} ('' for dense only)",
-    )
-    niah.add_argument(
-        "--sparsities",
-        type=_csv(float, "numbers"),
-        default=",".join(map(str, DEFAULT_SPARSITIES)),
-        help="CAB sparsities in [0, 1)",
-    )
-    niah.add_argument("--block-size", type=int, default=16, help="CAB block size (power of two, 16 to 128)")
-    niah.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")
-    niah.add_argument("--lam", type=float, default=None, help="FRC's two-hop weight λ (None: the model's, else 0.5)")
-    niah.add_argument("--sink-blocks", type=int, default=None, help="leading blocks always kept (None: 1)")
-    niah.add_argument(
-        "--magnitude-fraction", type=float, default=None, help="hybrid's share of slots by magnitude (None: 0.5)"
-    )
-    niah.add_argument("--haystack", default="filler", help="'filler' or the path of a text file")
-    niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
-    niah.add_argument("--device", default=None, help="None: cuda if available, else cpu")
-    niah.add_argument(
-        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help="model weights dtype"
-    )
-    niah.add_argument(
-        "--preservation-queries",
-        type=int,
-        default=None,
-        help="final tokens scoring preservation (None: the question's)",
-    )
-    niah.add_argument("--output-dir", default="outputs/niah", help="results.jsonl and the report; reruns resume")
-    niah.add_argument("--no-progress", action="store_true", help="no progress bar")
-    niah.set_defaults(run=run_niah_command)
+    _add_niah_parser(commands)
+    _add_perplexity_parser(commands)
 
     from .reproduce import PAPERS
 
@@ -652,6 +761,106 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--retrain", action="store_true", help="retrain runs that finished with the same arguments")
     rep.set_defaults(run=run_reproduce)
     return parser
+
+
+def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:
+    """--model, --gguf-file, --tokenizer, --device, --dtype: the model niah and perplexity evaluate."""
+    parser.add_argument("--model", required=True, help="causal LM: local directory or Hub name (AutoModelForCausalLM)")
+    parser.add_argument(
+        "--gguf-file",
+        default=None,
+        metavar="FILE",
+        help="load this GGUF file of --model's directory (model, config and tokenizer); needs pip install "
+        "'hf_icl[llm]'",
+    )
+    parser.add_argument(
+        "--tokenizer", default=None, help="fast tokenizer path or name (None: --model's, from its GGUF file if given)"
+    )
+    parser.add_argument("--device", default=None, help="None: cuda if available, else cpu")
+    parser.add_argument(
+        "--dtype", default="auto", choices=("auto", "float32", "float16", "bfloat16"), help="model weights dtype"
+    )
+
+
+def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None:
+    """The methods (--policies × --sparsities after dense) and CAB's knobs."""
+    from .attention.cab import BUDGETS, POLICIES, SCORES
+    from .evaluation.niah import DEFAULT_POLICIES, DEFAULT_SPARSITIES
+
+    parser.add_argument(
+        "--policies",
+        type=_csv(str, "names"),
+        default=",".join(DEFAULT_POLICIES),
+        help=f"comma-separated CAB policies, of {', '.join(POLICIES)} ('' for dense only)",
+    )
+    parser.add_argument(
+        "--sparsities",
+        type=_csv(float, "numbers"),
+        default=",".join(map(str, DEFAULT_SPARSITIES)),
+        help="CAB sparsities in [0, 1)",
+    )
+    parser.add_argument("--block-size", type=int, default=block_size, help="CAB block size (power of two, 16 to 128)")
+    parser.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")
+    parser.add_argument("--topk", type=int, default=None, help="key blocks per query with --budget topk (None: 8)")
+    parser.add_argument(
+        "--score", default=None, choices=SCORES, help="CAB's block score (None: the model's, else bound)"
+    )
+    parser.add_argument("--lam", type=float, default=None, help="FRC's two-hop weight λ (None: the model's, else 0.5)")
+    parser.add_argument("--sink-blocks", type=int, default=None, help="leading blocks always kept (None: 1)")
+    parser.add_argument(
+        "--magnitude-fraction", type=float, default=None, help="hybrid's share of slots by magnitude (None: 0.5)"
+    )
+
+
+def _add_niah_parser(commands) -> None:
+    niah = commands.add_parser(
+        "niah", help="needle-in-a-haystack: dense vs CAB policies at several sparsities", formatter_class=_formatter
+    )
+    _add_causal_lm_arguments(niah)
+    niah.add_argument(
+        "--chat-template",
+        default="auto",
+        choices=("auto", "on", "off"),
+        help="wrap each prompt as the user message of the tokenizer's chat template (auto: if it has one)",
+    )
+    niah.add_argument(
+        "--lengths", type=_csv(int, "integers"), default="1024,2048,4096", help="comma-separated context lengths"
+    )
+    niah.add_argument(
+        "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
+    )
+    niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
+    _add_cab_arguments(niah, block_size=16)
+    niah.add_argument("--haystack", default="filler", help="'filler' or the path of a text file")
+    niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
+    niah.add_argument(
+        "--preservation-queries",
+        type=int,
+        default=None,
+        help="final prompt tokens scoring preservation (None: the question's and the chat template's after it)",
+    )
+    niah.add_argument("--output-dir", default="outputs/niah", help="results.jsonl and the report; reruns resume")
+    niah.add_argument("--no-progress", action="store_true", help="no progress bar")
+    niah.set_defaults(run=run_niah_command)
+
+
+def _add_perplexity_parser(commands) -> None:
+    ppl = commands.add_parser(
+        "perplexity",
+        help="long-text perplexity: dense vs CAB policies at several sparsities",
+        description="Perplexity of --windows consecutive windows of --length tokens of a text, under dense "
+        "attention and every CAB policy × sparsity. Without --text, the Python Language Reference that ships "
+        "with Python (pydoc_data.topics) is the text.",
+        formatter_class=_formatter,
+    )
+    _add_causal_lm_arguments(ppl)
+    ppl.add_argument("--text", default=None, metavar="FILE", help="UTF-8 text file (None: Python's reference topics)")
+    ppl.add_argument("--length", type=int, required=True, help="tokens per window")
+    ppl.add_argument("--windows", type=int, default=1, help="consecutive non-overlapping windows")
+    _add_cab_arguments(ppl, block_size=64)
+    ppl.add_argument("--output-dir", default="outputs/perplexity", help="results.json and results.md")
+    ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    ppl.set_defaults(run=run_perplexity_command)
 
 
 def run_reproduce(args) -> int:

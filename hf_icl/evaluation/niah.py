@@ -145,6 +145,20 @@ class NIAHMethod:
         return DENSE if self.is_dense else f"cab-{self.name}@{_format_sparsity(self.sparsity)}"
 
 
+def _check_methods(methods) -> list[NIAHMethod]:
+    """``methods`` as a list: non-empty, every item a :class:`NIAHMethod`, no label twice."""
+    methods = list(methods)
+    if not methods:
+        raise ValueError("methods must be a non-empty list of NIAHMethod, got []")
+    for i, method in enumerate(methods):
+        if not isinstance(method, NIAHMethod):
+            raise ValueError(f"methods[{i}] must be a NIAHMethod (see niah_methods), got {method!r}")
+    labels = [method.label for method in methods]
+    if len(set(labels)) != len(labels):
+        raise ValueError(f"methods must not repeat, got {labels}")
+    return methods
+
+
 def niah_methods(
     policies: Iterable[str] = DEFAULT_POLICIES, sparsities: Iterable[float] = DEFAULT_SPARSITIES
 ) -> list[NIAHMethod]:
@@ -238,7 +252,51 @@ def _causal_pairs(token_keep: torch.Tensor, block_size: int) -> tuple[int, int]:
     return kept, int(causal.sum()) * token_keep.shape[0] * token_keep.shape[1]
 
 
-class _PreservationProbe:
+def _runs_dense(params: CABParams, n_k: int) -> bool:
+    """Whether CAB's prefill over ``n_k`` keys falls back to dense attention (as ``cab_attention_forward`` decides)."""
+    return n_k <= params.min_seq_len or (params.budget == "row" and params.sparsity == 0)
+
+
+class _SparsityCounter:
+    """Counts, over the CAB prefills it watches, the (query token, key block) pairs the selection keeps."""
+
+    def __init__(self):
+        self.kept = self.total = 0
+        self.calls = 0
+
+    def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+        self._select(module, query, key, scaling)
+
+    def _select(self, module, query, key, scaling) -> tuple[CABParams, float, torch.Tensor | None]:
+        """The call's CAB parameters, scaling and per-token selection (None where CAB runs dense), counted."""
+        self.calls += 1
+        params = CABParams.from_config(module.config)
+        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+        n = query.shape[2]
+        if _runs_dense(params, key.shape[2]):  # CAB runs dense attention: everything is kept
+            pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
+            self.kept, self.total = self.kept + pairs, self.total + pairs
+            return params, scaling, None
+        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
+        token_keep = _token_selection(keep, params.block_size, n)
+        kept, total = _causal_pairs(token_keep, params.block_size)
+        self.kept, self.total = self.kept + kept, self.total + total
+        return params, scaling, token_keep
+
+    def _check_seen(self) -> None:
+        if not self.calls:
+            raise RuntimeError(
+                "no attention call reached the CAB probe: the model does not route attention through "
+                "transformers' AttentionInterface (set_attn_implementation), so CAB cannot be evaluated on it"
+            )
+
+    def achieved_sparsity(self) -> float:
+        """The share of causal (query token, key block) pairs dropped, over every call, head and query."""
+        self._check_seen()
+        return 1.0 - self.kept / self.total if self.total else 0.0
+
+
+class _PreservationProbe(_SparsityCounter):
     """Watches the teacher-forced CAB forward over prompt + answer, one attention call per layer.
 
     Per layer it scores :func:`needle_preservation` on the prompt's queries and keys (the first
@@ -247,25 +305,18 @@ class _PreservationProbe:
     """
 
     def __init__(self, needle_start: int, needle_end: int, last_rows: int, prompt_length: int):
+        super().__init__()
         self.needle = (needle_start, needle_end)
         self.last_rows = last_rows
         self.prompt_length = prompt_length
         self.scores: list[float] = []
-        self.kept = self.total = 0
 
     def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
-        params = CABParams.from_config(module.config)
-        n = query.shape[2]
-        if params.sparsity == 0 or key.shape[2] < params.min_seq_len:  # CAB runs dense attention: all kept
+        params, scaling, token_keep = self._select(module, query, key, scaling)
+        if token_keep is None:
             self.scores.append(1.0)
-            pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
-            self._count(pairs, pairs)
             return
-        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
-        token_keep = _token_selection(keep, params.block_size, n)
-        self._count(*_causal_pairs(token_keep, params.block_size))
-        prompt = min(self.prompt_length, n)
+        prompt = min(self.prompt_length, query.shape[2])
         score = needle_preservation(
             query[:, :, :prompt],
             key[:, :, :prompt],
@@ -278,31 +329,16 @@ class _PreservationProbe:
         )
         self.scores.append(float(score.mean()))
 
-    def _count(self, kept: int, total: int) -> None:
-        self.kept += kept
-        self.total += total
-
-    def _check_seen(self) -> None:
-        if not self.scores:
-            raise RuntimeError(
-                "no attention call reached the preservation probe: the model does not route attention through "
-                "transformers' AttentionInterface (set_attn_implementation), so CAB cannot be evaluated on it"
-            )
-
     def value(self) -> float:
         self._check_seen()
         return sum(self.scores) / len(self.scores)
 
-    def achieved_sparsity(self) -> float:
-        self._check_seen()
-        return 1.0 - self.kept / self.total if self.total else 0.0
 
-
-_ACTIVE_PROBE: _PreservationProbe | None = None
+_ACTIVE_PROBE: _SparsityCounter | None = None
 
 
 @contextmanager
-def _probing(probe: _PreservationProbe | None):
+def _probing(probe: _SparsityCounter | None):
     global _ACTIVE_PROBE
     previous, _ACTIVE_PROBE = _ACTIVE_PROBE, probe
     try:
@@ -643,15 +679,7 @@ def run_niah(
 
     from ..data.niah import NeedleInAHaystackConfig, load_tokenizer, tokenizer_fingerprint
 
-    methods = list(methods)
-    if not methods:
-        raise ValueError("methods must be a non-empty list of NIAHMethod, got []")
-    for i, method in enumerate(methods):
-        if not isinstance(method, NIAHMethod):
-            raise ValueError(f"methods[{i}] must be a NIAHMethod (see niah_methods), got {method!r}")
-    labels = [method.label for method in methods]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"methods must not repeat, got {labels}")
+    methods = _check_methods(methods)
     CABParams(block_size=block_size, budget=budget)  # validates both, naming them
     if preservation_queries is not None:
         check_int("preservation_queries", preservation_queries, low=1)
