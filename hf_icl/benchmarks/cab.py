@@ -32,8 +32,9 @@ import torch
 import torch.nn.functional as F
 
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
+from hf_icl.attention.token_selection import achieved_sparsity
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
-from hf_icl.kernels.block_sparse_reference import block_sparse_attention, selected_block_indices
+from hf_icl.kernels.block_sparse_reference import selected_block_indices, token_sparse_attention
 from hf_icl.kernels.coarsen import coarsen_max_l2
 
 from .timing import emit_markdown, median_seconds
@@ -101,11 +102,19 @@ def _flash_only(q):
     return sdpa_kernel(SDPBackend.FLASH_ATTENTION)
 
 
-def sparse_attention(q, k, v, keep, block_size: int, scaling: float, use_kernel: bool):
-    """The sparse attention CAB runs: the Triton kernel on CUDA (or under the interpreter), else the PyTorch path."""
+def tile_unions(token_keep: torch.Tensor, block_size: int) -> torch.Tensor:
+    """Per-token selection ``(B, H, N, Mk)`` → per query block ``(B, H, Mq, Mk)``: the blocks any of its tokens
+    kept, i.e. what a block-granular kernel (or FlexAttention's block mask) has to visit."""
+    pad = -token_keep.shape[2] % block_size
+    return F.pad(token_keep, (0, 0, 0, pad)).unflatten(2, (-1, block_size)).any(3)
+
+
+def sparse_attention(q, k, v, token_keep, block_size: int, scaling: float, use_kernel: bool):
+    """The sparse attention CAB runs: the Triton kernel over the tile unions on CUDA (or under the interpreter;
+    exact for block-uniform policies, an upper bound on the work otherwise), else the PyTorch path."""
     if not use_kernel:
-        return block_sparse_attention(q, k, v, keep, block_size=block_size, scaling=scaling)
-    indices, valid = selected_block_indices(keep)
+        return token_sparse_attention(q, k, v, token_keep, block_size=block_size, scaling=scaling)
+    indices, valid = selected_block_indices(tile_unions(token_keep, block_size))
     return block_sparse_attention_triton(
         q, k, v, indices, valid.sum(-1), block_size=block_size, scaling=scaling, validate=False
     )
@@ -114,6 +123,14 @@ def sparse_attention(q, k, v, keep, block_size: int, scaling: float, use_kernel:
 def cab_prefill(q, k, v, params: CABParams, scaling: float, use_kernel: bool) -> torch.Tensor:
     keep = select_cab_blocks(q, k, params, scaling)
     return sparse_attention(q, k, v, keep, params.block_size, scaling, use_kernel)
+
+
+def executed_sparsity(token_keep: torch.Tensor, block_size: int) -> float:
+    """The fraction of causal (query block, key block) pairs the tile unions skip: the sparsity the work sees."""
+    union = tile_unions(token_keep, block_size)
+    m_q, m_k = union.shape[-2:]
+    causal = torch.ones(m_q, m_k, dtype=torch.bool, device=union.device).tril()
+    return 1.0 - float(union.sum()) / (float(causal.sum()) * union.shape[0] * union.shape[1])
 
 
 def kernel_only(q, k, v, indices, counts, block_size: int, scaling: float):
@@ -206,9 +223,9 @@ def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex)
         f"Prefill attention (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
         f"{args.dtype_name}); speed-ups are dense time / method time:",
         "",
-        "| T | sparsity | dense ms | CAB total ms | CAB speed-up | kernel ms | kernel speed-up | flex ms "
-        "| kernel vs flex | selection % of CAB |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| T | sparsity | achieved (tokens) | executed (tiles) | dense ms | CAB total ms | CAB speed-up | kernel ms "
+        "| kernel speed-up | flex ms | kernel vs flex | selection % of CAB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for length in args.lengths:
         q, k, v = _inputs(shape, length, args.dtype, args.device)
@@ -224,8 +241,10 @@ def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex)
             )
             kernel = _kernel_time(args, q, k, v, keep, scaling, use_kernel)
             flex_time = _flex_time(args, flex, q, k, v, keep, scaling)
+            achieved = float(achieved_sparsity(keep, args.block_size, length))
             lines.append(
-                f"| {length} | {sparsity:.2f} | {1e3 * dense:.2f} | {1e3 * total:.2f} | {dense / total:.2f}× | "
+                f"| {length} | {sparsity:.2f} | {achieved:.3f} | {executed_sparsity(keep, args.block_size):.3f} | "
+                f"{1e3 * dense:.2f} | {1e3 * total:.2f} | {dense / total:.2f}× | "
                 f"{_ms(kernel)} | {_ratio(dense, kernel)} | {_ms(flex_time)} | {_ratio(flex_time, kernel)} | "
                 f"{100 * selection / total:.0f}% |"
             )
@@ -248,7 +267,7 @@ def _kernel_time(args, q, k, v, keep, scaling, use_kernel):
             False,
             warmup=args.warmup,
         )
-    indices, valid = selected_block_indices(keep)
+    indices, valid = selected_block_indices(tile_unions(keep, args.block_size))
     counts = valid.sum(-1)
     return median_seconds(
         kernel_only, args.repeats, args.device, q, k, v, indices, counts, args.block_size, scaling, warmup=args.warmup
@@ -266,7 +285,7 @@ def _flex_time(args, flex, q, k, v, keep, scaling):
     if flex is None:
         return None
     try:
-        block_mask = flex_block_mask(keep, args.block_size, q.shape[2])
+        block_mask = flex_block_mask(tile_unions(keep, args.block_size), args.block_size, q.shape[2])
         # flex's own tiles must divide the mask's blocks (its default 128-row tile rejects 64-token blocks)
         tiles = {"BLOCK_M": args.block_size, "BLOCK_N": args.block_size} if q.is_cuda else None
         return median_seconds(
