@@ -30,9 +30,12 @@ def test_bench_cab_smoke_runs_every_section(tmp_path):
     assert "| 64 | 0.50 |" in table and "| 64 | 0.90 |" in table  # one row per (T, sparsity)
     for heading in ("Coarsening", "Prefill attention", "End-to-end prefill", "Decode latency"):
         assert heading in table
-    attention_rows = [row for row in table.splitlines() if row.startswith("| 64 |") and row.count("|") == 11]
-    flex_column = [row.split("|")[8].strip() for row in attention_rows]
+    attention_rows = [row for row in table.splitlines() if row.startswith("| 64 |") and row.count("|") == 13]
+    flex_column = [row.split("|")[10].strip() for row in attention_rows]
     assert len(flex_column) == 2
+    for row in attention_rows:  # achieved (token) and executed (tile-union) sparsity, both in [0, nominal]
+        nominal, achieved, executed = (float(row.split("|")[i]) for i in (2, 3, 4))
+        assert 0 <= executed <= achieved <= nominal
     assert all(cell != "n/a" for cell in flex_column)  # FlexAttention ran with our block mask
     assert out.read_text().strip() == table.strip()
 
