@@ -425,8 +425,8 @@ def _gguf_available() -> bool:
     return importlib.util.find_spec("gguf") is not None
 
 
-def _causal_lm_source(args) -> tuple[str, dict]:
-    """``--model`` (with ``--gguf-file``) checked: the model's path and the keyword arguments that load it.
+def _causal_lm_source(args) -> tuple[str, dict, object]:
+    """``--model`` (with ``--gguf-file``) checked: the model's path, the keyword arguments that load it, its config.
 
     The keywords are ``{"gguf_file": FILE}`` for a GGUF checkpoint (model, config and tokenizer all read it),
     else ``{}``. The config is loaded to check that the model is a causal LM before any weights load.
@@ -457,7 +457,7 @@ def _causal_lm_source(args) -> tuple[str, dict]:
             f"--model {args.model} holds a {config.model_type!r} model ({type(config).__name__}), which is no causal "
             f"language model; hf-icl {args.command} needs one that AutoModelForCausalLM loads (e.g. GPT-2, Llama)"
         )
-    return source, gguf
+    return source, gguf, config
 
 
 def _causal_lm_tokenizer(args, source: str, gguf: dict):
@@ -525,7 +525,7 @@ def _use_chat_template(choice: str, tokenizer) -> bool:
 
 
 def run_niah_command(args) -> int:
-    from .data.niah import NeedleInAHaystackConfig
+    from .data.niah import BUILTIN_HAYSTACKS, NeedleInAHaystackConfig
     from .evaluation.niah import niah_methods, run_niah
     from .evaluation.niah_report import write_niah_report
 
@@ -535,11 +535,11 @@ def run_niah_command(args) -> int:
     _at_least("--samples", args.samples, 1)
     _at_least("--seed", args.seed, 0)
     _at_least("--preservation-queries", args.preservation_queries, 1)
-    if args.haystack != "filler":
+    if args.haystack not in BUILTIN_HAYSTACKS:
         _existing_file("--haystack", args.haystack)
     _writable("--output-dir", args.output_dir, directory=True)
     device = _device("--device", args.device)
-    source, gguf = _causal_lm_source(args)
+    source, gguf, config = _causal_lm_source(args)
     tokenizer = _causal_lm_tokenizer(args, source, gguf)
     chat_template = _use_chat_template(args.chat_template, tokenizer)
     grid = {
@@ -580,6 +580,7 @@ def run_perplexity_command(args) -> int:
         long_text_perplexity,
         perplexity_markdown,
         text_digest,
+        text_windows,
     )
 
     methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
@@ -590,8 +591,12 @@ def run_perplexity_command(args) -> int:
     text = builtin_text() if args.text is None else _read_text("--text", args.text)
     _writable("--output-dir", args.output_dir, directory=True)
     device = _device("--device", args.device)
-    source, gguf = _causal_lm_source(args)
+    source, gguf, config = _causal_lm_source(args)
     tokenizer = _causal_lm_tokenizer(args, source, gguf)
+    limit = getattr(config, "max_position_embeddings", None)
+    if isinstance(limit, int) and args.length > limit:
+        raise CLIError(f"--length {args.length} is more than the model's max_position_embeddings={limit}")
+    text_windows(tokenizer, text, args.length, args.windows)  # the text is long enough: checked before weights load
     model = _load_causal_lm(source, gguf, args.dtype, device)
     _set_cab_knobs(model, knobs)
     records = long_text_perplexity(
@@ -831,7 +836,9 @@ def _add_niah_parser(commands) -> None:
     )
     niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
     _add_cab_arguments(niah, block_size=16)
-    niah.add_argument("--haystack", default="filler", help="'filler' or the path of a text file")
+    niah.add_argument(
+        "--haystack", default="filler", help="'filler', 'passkey' (the passkey test's five sentences) or a text file"
+    )
     niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
     niah.add_argument(
         "--preservation-queries",

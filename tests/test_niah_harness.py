@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 
 import pytest
@@ -504,3 +505,320 @@ def test_a_bos_token_the_tokenizer_adds_is_prepended(monkeypatch):
     assert seen == [[bos, *row["input_ids"]]]  # the random model misses the passkey: generate runs on the prompt
     assert spans == [(row["needle_start"] + 1, row["needle_end"] + 1, 1 + len(row["input_ids"]))]
     assert (record["needle_start"], record["needle_end"]) == (row["needle_start"], row["needle_end"])
+
+
+# -- greedy exact match from the teacher-forced forward ----------------------------------------------
+
+
+@pytest.mark.parametrize("method", [NIAHMethod(), NIAHMethod("streaming", 0.5), NIAHMethod("hybrid", 0.5)])
+def test_the_teacher_forced_shortcut_gives_the_record_generate_gives(tokenizer, monkeypatch, method):
+    model = tiny_gpt2(len(tokenizer), seed=3)
+    (row,) = _rows(tokenizer, context_lengths=[128], depths=[0.5])
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(model, "generate", lambda ids, **kw: calls.append(1) or generate(ids, **kw))
+    original_predicate = niah._greedy_is_answer
+    with niah._restoring(model):
+        model.eval()
+        niah._use_method(model, method, 16, "row")
+        # a row whose answer is the model's own greedy continuation (cached decoding), so the shortcut applies
+        with torch.no_grad():
+            out = generate(torch.tensor([row["input_ids"]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
+        own = out[0, len(row["input_ids"]) :].tolist()
+        hit = {**row, "answer_ids": own, "answer": tokenizer.decode(own).strip()}
+        for case, expect_shortcut in ((hit, True), (row, False)):
+            calls.clear()
+            fast = niah._evaluate_row(model, tokenizer, case, method, 9, 0, niah._PromptWrap())
+            assert (calls == []) is expect_shortcut  # generate runs only when the argmax misses the answer
+            monkeypatch.setattr(niah, "_greedy_is_answer", lambda *args: False)  # force the generate path
+            try:
+                slow = niah._evaluate_row(model, tokenizer, case, method, 9, 0, niah._PromptWrap())
+            finally:
+                monkeypatch.setattr(niah, "_greedy_is_answer", original_predicate)
+            assert calls and fast == slow
+        assert fast["exact_match"] is False and slow["generated"] != row["answer"]
+
+
+# -- chat models: prompts wrapped in the tokenizer's chat template -------------------------------------
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chat_tokenizer() -> PreTrainedTokenizerFast:
+    """The builder tests' byte-level BPE with two control tokens and a ChatML template."""
+    tokenizer = gpt2_like()
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def tiny_llama(vocab_size: int, seed: int = 0):
+    """Llama with grouped-query attention (3 query heads, 1 key-value head of 16)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=48,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=16,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=None,
+        eos_token_id=None,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+def _chat_ids(tokenizer) -> tuple[list[int], list[int]]:
+    """The ChatML text around a user message, tokenised by hand (not through apply_chat_template)."""
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    return ids("<|im_start|>user\n"), ids("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_template_wraps_every_prompt(monkeypatch, tmp_path):
+    tokenizer = chat_tokenizer()
+    model = tiny_llama(len(tokenizer))
+    prefix, suffix = _chat_ids(tokenizer)
+    assert prefix[0] == tokenizer.convert_tokens_to_ids("<|im_start|>") and len(suffix) > 2
+    forwards, probes = [], []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append(kwargs["input_ids"][0].tolist()), with_kwargs=True
+    )
+
+    class Probe(niah._PreservationProbe):
+        def __init__(self, start, end, rows, prompt_length):
+            probes.append((start, end, rows, prompt_length))
+            super().__init__(start, end, rows, prompt_length)
+
+    monkeypatch.setattr(niah, "_PreservationProbe", Probe)
+    grid = {"context_lengths": [96], "depths": [0.0, 1.0], "samples_per_cell": 1}
+    methods = [NIAHMethod(), NIAHMethod("streaming", 0.5)]
+    path = tmp_path / "chat.jsonl"
+    records = run_niah(
+        model, tokenizer, methods=methods, chat_template=True, block_size=16, progress=False, results_file=path, **grid
+    )
+    hook.remove()
+    rows = _rows(tokenizer, **grid)
+    question = _question_tokens(tokenizer)
+    # the teacher-forced forwards see prefix + row + suffix + answer (generate's calls come after, per record)
+    teacher_forced = [ids for ids in forwards if ids[: len(prefix)] == prefix and len(ids) > 96]
+    for row in rows:
+        assert [*prefix, *row["input_ids"], *suffix, *row["answer_ids"]] in teacher_forced
+    shift, prompt = len(prefix), len(prefix) + 96 + len(suffix)
+    assert probes == [
+        (row["needle_start"] + shift, row["needle_end"] + shift, question + len(suffix), prompt) for row in rows
+    ]
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        for record, row in zip(records[:2], rows, strict=True):  # dense: recomputed with a plain loop
+            assert (record["needle_start"], record["needle_end"]) == (row["needle_start"], row["needle_end"])
+            ids = [*prefix, *row["input_ids"], *suffix]
+            logprob, greedy = 0.0, list(ids)
+            for i, token in enumerate(row["answer_ids"]):
+                logits = model(torch.tensor([ids + row["answer_ids"][:i]])).logits[0, -1].double()
+                logprob += float(torch.log_softmax(logits, -1)[token])
+                greedy.append(int(model(torch.tensor([greedy])).logits[0, -1].argmax()))
+            assert record["answer_logprob"] == pytest.approx(logprob, abs=1e-4)
+            assert record["generated"] == tokenizer.decode(greedy[len(ids) :], skip_special_tokens=True).strip()
+    header = json.loads(path.read_text().splitlines()[0])["niah_header"]
+    assert header["chat_template"] is True
+    with pytest.raises(ValueError, match="another configuration.*chat_template"):
+        run_niah(model, tokenizer, methods=methods, block_size=16, progress=False, results_file=path, **grid)
+
+
+def test_chat_template_needs_one_that_writes_the_message_once(tokenizer, model):
+    grid = {"methods": [NIAHMethod()], "progress": False, "context_lengths": [96], "depths": [0.5]}
+    with pytest.raises(ValueError, match="chat_template=True needs a tokenizer with a chat_template"):
+        run_niah(model, tokenizer, chat_template=True, samples_per_cell=1, **grid)
+    twice = chat_tokenizer()
+    twice.chat_template = "{% for m in messages %}{{ m['content'] }} {{ m['content'] }}{% endfor %}"
+    with pytest.raises(ValueError, match="verbatim exactly once"):
+        run_niah(tiny_gpt2(len(twice)), twice, chat_template=True, samples_per_cell=1, **grid)
+
+
+# -- GGUF checkpoints ----------------------------------------------------------------------------------
+
+
+def write_tiny_gguf(path, model, tokenizer) -> None:
+    """Write a Llama and its byte-level BPE tokenizer (with chat template) as an F32 GGUF file, as llama.cpp's
+    converter lays it out: q/k rows permuted to its rotary layout, which transformers undoes on loading."""
+    import numpy as np
+
+    gguf = pytest.importorskip("gguf")
+    config = model.config
+    vocab = tokenizer.get_vocab()
+    tokens = sorted(vocab, key=vocab.get)
+    merges = json.loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]
+    special = set(tokenizer.all_special_tokens)
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    writer.add_context_length(config.max_position_embeddings)
+    writer.add_embedding_length(config.hidden_size)
+    writer.add_block_count(config.num_hidden_layers)
+    writer.add_feed_forward_length(config.intermediate_size)
+    writer.add_head_count(config.num_attention_heads)
+    writer.add_head_count_kv(config.num_key_value_heads)
+    writer.add_rope_dimension_count(config.head_dim)
+    writer.add_rope_freq_base(10000.0)
+    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
+    writer.add_vocab_size(len(tokens))
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([gguf.TokenType.CONTROL if t in special else gguf.TokenType.NORMAL for t in tokens])
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_eos_token_id(vocab["<|im_end|>"])
+    writer.add_chat_template(tokenizer.chat_template)
+
+    def permute(weight, heads):  # llama.cpp's rotary layout of q and k rows
+        return weight.reshape(heads, 2, weight.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(weight.shape)
+
+    names = {"model.embed_tokens": "token_embd", "lm_head": "output", "model.norm": "output_norm"}
+    leaves = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
+    for layer in range(config.num_hidden_layers):
+        names.update({f"model.layers.{layer}.{hf}": f"blk.{layer}.{gg}" for hf, gg in leaves.items()})
+    for name, tensor in model.state_dict().items():
+        weight = tensor.detach().float().numpy()
+        target = names[name.removesuffix(".weight")]
+        if target.endswith("attn_q"):
+            weight = permute(weight, config.num_attention_heads)
+        elif target.endswith("attn_k"):
+            weight = permute(weight, config.num_key_value_heads)
+        writer.add_tensor(f"{target}.weight", np.ascontiguousarray(weight))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory):
+    tokenizer = chat_tokenizer()
+    model = tiny_llama(len(tokenizer), seed=4)
+    directory = tmp_path_factory.mktemp("gguf")
+    write_tiny_gguf(directory / "tiny.gguf", model, tokenizer)
+    return directory, model, tokenizer
+
+
+def test_gguf_round_trip_is_exact(gguf_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    directory, model, tokenizer = gguf_dir
+    loaded = AutoModelForCausalLM.from_pretrained(directory, gguf_file="tiny.gguf", dtype=torch.float32)
+    loaded_tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file="tiny.gguf")
+    text = "The sky is blue. The pass key is 12345. What is the pass key?"
+    ids = tokenizer(text)["input_ids"]
+    assert loaded_tokenizer(text, add_special_tokens=False)["input_ids"] == ids
+    assert loaded_tokenizer.chat_template == CHAT_TEMPLATE
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(torch.tensor([ids])).logits, model(torch.tensor([ids])).logits)
+
+
+def test_cli_reads_a_gguf_checkpoint_with_its_chat_template(gguf_dir, tmp_path, capsys):
+    directory, model, tokenizer = gguf_dir
+    out = tmp_path / "niah"
+    argv = ["niah", "--model", str(directory), "--gguf-file", "tiny.gguf", "--lengths", "96", "--depths", "0,1"]
+    argv += ["--samples", "1", "--policies", "streaming", "--sparsities", "0.5", "--device", "cpu"]
+    argv += ["--dtype", "float32", "--output-dir", str(out), "--no-progress"]
+    assert main(argv) == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    header = json.loads(lines[0])["niah_header"]
+    assert header["gguf_file"] == "tiny.gguf" and header["chat_template"] is True  # auto: the file has a template
+    records = [json.loads(line) for line in lines[1:]]
+    grid = {"context_lengths": [96], "depths": [0.0, 1.0], "samples_per_cell": 1}
+    methods = [NIAHMethod(), NIAHMethod("streaming", 0.5)]
+    expected = run_niah(model, tokenizer, methods=methods, chat_template=True, block_size=16, progress=False, **grid)
+    for got, want in zip(records, expected, strict=True):  # the same weights and tokenizer as the in-memory pair
+        assert got["answer_logprob"] == pytest.approx(want["answer_logprob"], abs=1e-4)
+        assert {k: v for k, v in got.items() if k != "answer_logprob"} == {
+            k: v for k, v in want.items() if k != "answer_logprob"
+        }
+    capsys.readouterr()
+    assert main([*argv, "--chat-template", "off"]) == 2  # another setting refuses the results file
+    assert re.search("another configuration.*chat_template", capsys.readouterr().err)
+
+
+def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
+    import hf_icl.cli as cli
+
+    saved = tmp_path / "tiny"
+    tiny_gpt2(len(tokenizer)).save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    capsys.readouterr()
+    base = ["niah", "--lengths", "96", "--depths", "0.5", "--samples", "1", "--output-dir", str(tmp_path / "o")]
+    cases = [
+        (["--model", str(saved), "--gguf-file", "nope.gguf"], r"--gguf-file nope.gguf: no such file in the --model"),
+        (["--model", str(tmp_path / "model.gguf")], "is a GGUF file: pass its directory as --model and its name"),
+        (["--model", str(saved), "--chat-template", "on"], "--chat-template on: the tokenizer has no chat_template"),
+        (["--model", str(saved), "--budget", "topk", "--topk", "0", "--policies", "frc"], "cab_topk"),
+    ]
+    for extra, match in cases:
+        assert main([*base, *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "hf-icl niah: error:" in err and re.search(match, err), err
+    monkeypatch.setattr(cli, "_gguf_available", lambda: False)
+    assert main([*base, "--model", str(tmp_path), "--gguf-file", "model.gguf"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the gguf package" in err and "pip install 'hf_icl[llm]'" in err
+
+
+def test_cli_passes_topk_and_score_to_the_config(tokenizer, tmp_path, monkeypatch):
+    saved = tmp_path / "tiny"
+    tiny_gpt2(len(tokenizer), seed=2).save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    from hf_icl.attention import cab
+
+    seen, original = [], cab.select_cab_blocks
+
+    def spy(query, key, params, *args, **kwargs):
+        seen.append(params)
+        return original(query, key, params, *args, **kwargs)
+
+    monkeypatch.setattr(cab, "select_cab_blocks", spy)
+    monkeypatch.setattr(niah, "select_cab_blocks", spy)
+    out = tmp_path / "topk"
+    argv = ["niah", "--model", str(saved), "--lengths", "96", "--depths", "0.5", "--samples", "1"]
+    argv += ["--policies", "magnitude", "--sparsities", "0.5", "--budget", "topk", "--topk", "2", "--score", "mean"]
+    argv += ["--device", "cpu", "--output-dir", str(out), "--no-progress", "--chat-template", "off"]
+    assert main(argv) == 0
+    header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["niah_header"]
+    assert header["budget"] == "topk" and (header["cab"]["topk"], header["cab"]["score"]) == (2, "mean")
+    assert seen and all((p.budget, p.topk, p.score) == ("topk", 2, "mean") for p in seen)
+
+
+@pytest.mark.skipif(
+    not os.environ.get("HF_ICL_SMOLLM2_DIR"),
+    reason="opt-in: set HF_ICL_SMOLLM2_DIR to the directory of SmolLM2-135M-Instruct.Q4_1.gguf",
+)
+def test_smollm2_gguf_retrieves_the_passkey_densely(tmp_path, capsys):
+    pytest.importorskip("gguf")
+    out = tmp_path / "smollm2"
+    argv = ["niah", "--model", os.environ["HF_ICL_SMOLLM2_DIR"], "--gguf-file", "SmolLM2-135M-Instruct.Q4_1.gguf"]
+    argv += ["--lengths", "512", "--samples", "1", "--policies", "streaming", "--sparsities", "0.5"]
+    argv += ["--device", "cpu", "--dtype", "float32", "--output-dir", str(out), "--no-progress"]
+    argv += ["--chat-template", "off", "--depths", "0.5"]
+    assert main(argv) == 0, capsys.readouterr().err
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[1:]]
+    dense = [r for r in records if r["method"] == "sdpa"]
+    assert dense and all(r["exact_match"] for r in dense), dense

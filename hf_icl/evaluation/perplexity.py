@@ -36,7 +36,7 @@ from ..attention.cab import CABParams
 from ..validation import check_int
 from .niah import NIAHMethod, _check_methods, _model_device, _probing, _restoring, _SparsityCounter, _use_method
 
-__all__ = ["BUILTIN_TEXT", "builtin_text", "long_text_perplexity", "perplexity_markdown", "text_digest"]
+__all__ = ["BUILTIN_TEXT", "builtin_text", "long_text_perplexity", "perplexity_markdown", "text_digest", "text_windows"]
 
 #: The name of the built-in text in results (``--text`` unset).
 BUILTIN_TEXT = "python-language-reference"
@@ -56,7 +56,7 @@ def text_digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _windows(tokenizer, text: str, length: int, windows: int) -> list[list[int]]:
+def text_windows(tokenizer, text: str, length: int, windows: int) -> list[list[int]]:
     """``windows`` consecutive ``length``-token windows from the start of the text (no special tokens)."""
     if not isinstance(text, str):
         raise ValueError(f"text must be a string, got {type(text).__name__}")
@@ -123,7 +123,7 @@ def long_text_perplexity(
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and length > limit:
         raise ValueError(f"length={length} is more than the model's max_position_embeddings={limit}")
-    chunks = _windows(tokenizer, text, length, windows)
+    chunks = text_windows(tokenizer, text, length, windows)
 
     records: list[dict[str, Any]] = []
     bar = tqdm(total=len(methods) * windows, desc="perplexity", disable=not progress, dynamic_ncols=True)
