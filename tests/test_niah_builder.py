@@ -252,3 +252,13 @@ def test_builder_round_trip_and_cache_key(gpt2_tok, tmp_path):
     assert same.cache_dir == builder.cache_dir
     other = NeedleInAHaystack(cache_dir=str(tmp_path), tokenizer=gpt2_tok, **{**config, "seed": 8})
     assert other.cache_dir != builder.cache_dir
+
+
+def test_passkey_haystack_is_the_five_sentences_of_the_passkey_test():
+    from hf_icl.data.niah import PASSKEY_SENTENCES, load_haystack
+
+    assert load_haystack("passkey", None) == list(PASSKEY_SENTENCES)
+    config = NeedleInAHaystackConfig(tokenizer=gpt2_like(), context_lengths=[96], depths=[0.5], haystack="passkey")
+    row = next(iter(config.rows()))
+    text = gpt2_like().decode(row["input_ids"])
+    assert text.count("The grass is green.") >= 2 and "clouds" not in text

@@ -36,6 +36,18 @@ PASSKEY = "{passkey}"
 DEFAULT_NEEDLE = "The pass key is {passkey}. Remember it. {passkey} is the pass key."
 DEFAULT_QUESTION = " What is the pass key? The pass key is"
 
+#: The passkey test's own haystack (Mohtashami & Jaggi, Landmark Attention): five sentences, repeated. Small
+#: pretrained models (SmolLM2-135M) retrieve from it densely; varied filler prose distracts them.
+PASSKEY_SENTENCES = (
+    "The grass is green.",
+    "The sky is blue.",
+    "The sun is yellow.",
+    "Here we go.",
+    "There and back again.",
+)
+#: haystacks built in, by name
+BUILTIN_HAYSTACKS = ("filler", "passkey")
+
 # Neutral sentences with nothing to remember, in the spirit of the passkey test's "The grass is green."
 FILLER_SENTENCES = (
     "The grass is green.",
@@ -136,12 +148,15 @@ def load_haystack(haystack, column: str | None) -> list[str]:
             raise ValueError(f"haystack_column {column!r} must hold strings, got {bad!r}")
     elif haystack == "filler":
         texts = list(FILLER_SENTENCES)
+    elif haystack == "passkey":
+        texts = list(PASSKEY_SENTENCES)
     elif isinstance(haystack, (str, os.PathLike)) and os.path.isfile(haystack):
         with open(haystack, encoding="utf-8") as handle:
             texts = [handle.read()]
     else:
         raise ValueError(
-            f"haystack must be 'filler', the path of an existing text file or a datasets.Dataset, got {haystack!r}"
+            f"haystack must be 'filler', 'passkey', the path of an existing text file or a datasets.Dataset, "
+            f"got {haystack!r}"
         )
     sentences = [sentence for text in texts for sentence in split_sentences(text)]
     if not sentences:
@@ -210,7 +225,8 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         needle_template: the needle sentence; must contain ``{passkey}``.
         passkey_digits: digits of the random passkey.
         question: the prompt's suffix, which the passkey completes.
-        haystack: ``"filler"`` (built-in sentences), a text file path or a ``datasets.Dataset``.
+        haystack: ``"filler"`` (built-in varied sentences), ``"passkey"`` (the passkey test's five sentences), a
+            text file path or a ``datasets.Dataset``.
         haystack_column: the text column when ``haystack`` is a ``datasets.Dataset``.
         seed: fixes every passkey and haystack offset.
     """
