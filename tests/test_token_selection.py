@@ -1,0 +1,131 @@
+"""CAB's per-token block selection against the rule written out token by token, in plain Python loops."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_icl.attention.token_selection import achieved_sparsity, select_token_blocks
+
+BS = 16
+
+
+def _loop_score(q, block, score):
+    """One query vector against one key block ``(bs, D)``, the formula written out per dimension."""
+    if score == "mean":
+        return sum(float(q[d]) * float(block[:, d].mean()) for d in range(q.shape[0]))
+    if score == "bound":
+        return sum(max(float(q[d] * block[:, d].min()), float(q[d] * block[:, d].max())) for d in range(q.shape[0]))
+    norms = block.double().norm(dim=-1)
+    return float(q.double() @ block[int(norms.argmax())].double())
+
+
+def _loop_selection(q, k, *, policy, score, sparsity=None, topk=None, sink=1, min_seq_len=0, valid=None):
+    """Per query token: own block + sinks, then the best past complete blocks up to the budget."""
+    n_k = k.shape[0]
+    real = list(range(n_k)) if valid is None else [p for p in range(n_k) if valid[p]]
+    keys = k[real]
+    n_blocks = math.ceil(n_k / BS)
+    rows = []
+    for t in range(q.shape[0]):
+        abs_pos = n_k - q.shape[0] + t
+        keep = [False] * n_blocks
+        if valid is not None and not valid[abs_pos]:
+            rows.append(keep)
+            continue
+        r = real.index(abs_pos)
+        own = r // BS
+        if r < min_seq_len:
+            rows.append([j <= own for j in range(n_blocks)])
+            continue
+        budget = topk if topk is not None else max(1, math.floor((1 - sparsity) * (own + 1) + 0.5))
+        forced = {own} | {j for j in range(min(sink, own + 1))}
+        for j in forced:
+            keep[j] = True
+        candidates = [j for j in range(own) if j not in forced]
+        if policy == "streaming":
+            rank = {j: j for j in candidates}
+        else:
+            rank = {j: _loop_score(q[t], keys[j * BS : (j + 1) * BS], score) for j in candidates}
+        ordered = sorted(candidates, key=lambda j: (-rank[j], j))
+        for j in ordered[: max(0, budget - len(forced))]:
+            keep[j] = True
+        rows.append(keep)
+    return torch.tensor(rows)
+
+
+def _qk(n_q, n_k, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(n_q, 8, generator=g, dtype=torch.float64), torch.randn(n_k, 8, generator=g, dtype=torch.float64)
+
+
+@pytest.mark.parametrize("score", ["bound", "mean", "max_l2"])
+@pytest.mark.parametrize("policy", ["magnitude", "streaming"])
+@pytest.mark.parametrize("budget", [{"sparsity": 0.6}, {"topk": 3}])
+def test_selection_equals_the_rule_written_out_per_token(score, policy, budget):
+    q, k = _qk(100, 100)
+    keep = select_token_blocks(
+        q[None, None],
+        k[None, None],
+        scaling=1.0,
+        block_size=BS,
+        policy=policy,
+        score=score,
+        budget="row" if "sparsity" in budget else "topk",
+        sink_blocks=1,
+        **budget,
+    )
+    expected = _loop_selection(q, k, policy=policy, score=score, **budget)
+    assert torch.equal(keep[0, 0], expected)
+
+
+def test_decode_queries_padding_and_dense_prefix_follow_the_same_rule():
+    q, k = _qk(1, 90, seed=1)  # one decode query at position 89
+    keep = select_token_blocks(
+        q[None, None],
+        k[None, None],
+        scaling=1.0,
+        block_size=BS,
+        policy="magnitude",
+        score="bound",
+        sparsity=0.5,
+        sink_blocks=1,
+    )
+    assert torch.equal(keep[0, 0], _loop_selection(q, k, policy="magnitude", score="bound", sparsity=0.5))
+    valid = torch.ones(90, dtype=torch.bool)
+    valid[:11] = False  # left padding: blocks start at the first real token
+    q, k = _qk(90, 90, seed=2)
+    keep = select_token_blocks(
+        q[None, None],
+        k[None, None],
+        scaling=1.0,
+        block_size=BS,
+        policy="magnitude",
+        score="mean",
+        sparsity=0.5,
+        sink_blocks=1,
+        min_seq_len=40,
+        key_valid=valid[None],
+    )
+    expected = _loop_selection(q, k, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40, valid=valid)
+    assert torch.equal(keep[0, 0], expected)
+
+
+def test_achieved_sparsity_counts_visible_blocks_of_real_queries():
+    q, k = _qk(64, 64)
+    keep = select_token_blocks(
+        q[None, None],
+        k[None, None],
+        scaling=1.0,
+        block_size=BS,
+        policy="streaming",
+        score="mean",
+        budget="topk",
+        topk=1,
+        sink_blocks=0,
+    )
+    # each token keeps only its own block; token t sees t // 16 + 1 blocks
+    visible = sum(t // BS + 1 for t in range(64))
+    assert float(achieved_sparsity(keep, BS, 64)) == pytest.approx(1 - 64 / visible)
