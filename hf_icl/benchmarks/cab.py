@@ -401,7 +401,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--model-layers", type=int, default=12)
     parser.add_argument("--model-sparsity", type=float, default=0.9)
     parser.add_argument("--block-size", type=int, default=64)
-    parser.add_argument("--policy", default="hybrid")
+    parser.add_argument("--policy", default="magnitude")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"])
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
