@@ -61,71 +61,38 @@ def _qk(n_q, n_k, seed=0):
     return torch.randn(n_q, 8, generator=g, dtype=torch.float64), torch.randn(n_k, 8, generator=g, dtype=torch.float64)
 
 
+def _select(q, k, valid=None, **rule):
+    """``select_token_blocks`` on one (batch, head) at scale 1, 16-token blocks, one sink unless given."""
+    rule = {"sink_blocks": 1, **rule}
+    mask = None if valid is None else valid[None]
+    return select_token_blocks(q[None, None], k[None, None], scaling=1.0, block_size=BS, key_valid=mask, **rule)[0, 0]
+
+
 @pytest.mark.parametrize("score", ["bound", "mean", "max_l2"])
 @pytest.mark.parametrize("policy", ["magnitude", "streaming"])
 @pytest.mark.parametrize("budget", [{"sparsity": 0.6}, {"topk": 3}])
 def test_selection_equals_the_rule_written_out_per_token(score, policy, budget):
     q, k = _qk(100, 100)
-    keep = select_token_blocks(
-        q[None, None],
-        k[None, None],
-        scaling=1.0,
-        block_size=BS,
-        policy=policy,
-        score=score,
-        budget="row" if "sparsity" in budget else "topk",
-        sink_blocks=1,
-        **budget,
-    )
+    keep = _select(q, k, policy=policy, score=score, budget="row" if "sparsity" in budget else "topk", **budget)
     expected = _loop_selection(q, k, policy=policy, score=score, **budget)
-    assert torch.equal(keep[0, 0], expected)
+    assert torch.equal(keep, expected)
 
 
 def test_decode_queries_padding_and_dense_prefix_follow_the_same_rule():
     q, k = _qk(1, 90, seed=1)  # one decode query at position 89
-    keep = select_token_blocks(
-        q[None, None],
-        k[None, None],
-        scaling=1.0,
-        block_size=BS,
-        policy="magnitude",
-        score="bound",
-        sparsity=0.5,
-        sink_blocks=1,
-    )
-    assert torch.equal(keep[0, 0], _loop_selection(q, k, policy="magnitude", score="bound", sparsity=0.5))
+    keep = _select(q, k, policy="magnitude", score="bound", sparsity=0.5)
+    assert torch.equal(keep, _loop_selection(q, k, policy="magnitude", score="bound", sparsity=0.5))
     valid = torch.ones(90, dtype=torch.bool)
     valid[:11] = False  # left padding: blocks start at the first real token
     q, k = _qk(90, 90, seed=2)
-    keep = select_token_blocks(
-        q[None, None],
-        k[None, None],
-        scaling=1.0,
-        block_size=BS,
-        policy="magnitude",
-        score="mean",
-        sparsity=0.5,
-        sink_blocks=1,
-        min_seq_len=40,
-        key_valid=valid[None],
-    )
+    keep = _select(q, k, valid, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40)
     expected = _loop_selection(q, k, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40, valid=valid)
-    assert torch.equal(keep[0, 0], expected)
+    assert torch.equal(keep, expected)
 
 
 def test_achieved_sparsity_counts_visible_blocks_of_real_queries():
     q, k = _qk(64, 64)
-    keep = select_token_blocks(
-        q[None, None],
-        k[None, None],
-        scaling=1.0,
-        block_size=BS,
-        policy="streaming",
-        score="mean",
-        budget="topk",
-        topk=1,
-        sink_blocks=0,
-    )
+    keep = _select(q, k, policy="streaming", score="mean", budget="topk", topk=1, sink_blocks=0)[None, None]
     # each token keeps only its own block; token t sees t // 16 + 1 blocks
     visible = sum(t // BS + 1 for t in range(64))
     assert float(achieved_sparsity(keep, BS, 64)) == pytest.approx(1 - 64 / visible)
