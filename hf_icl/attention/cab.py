@@ -163,9 +163,7 @@ def cab_attention_forward(
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
     key_valid = None if mask is None else _key_padding_from_mask(mask, q_offset)
-    dense_decode = n_q < n_k and params.decode == "dense"
-    nothing_dropped = params.budget == "row" and params.sparsity == 0
-    if n_k <= params.min_seq_len or nothing_dropped or dense_decode:  # every token would attend densely
+    if runs_dense(params, n_q, n_k):
         heads = query.shape[1]
         out = _dense_causal(query, expand_kv(key, heads), expand_kv(value, heads), mask, scaling, q_offset, dropout)
         return out.transpose(1, 2).contiguous(), None
@@ -189,6 +187,13 @@ def cab_attention_forward(
             dropout=dropout,
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+def runs_dense(params: CABParams, n_q: int, n_k: int) -> bool:
+    """Whether a call with ``n_q`` queries over ``n_k`` keys runs dense attention: every token would keep every
+    visible block (all before ``cab_min_seq_len``, or a row budget at sparsity 0), or a dense decode step."""
+    every_block = n_k <= params.min_seq_len or (params.budget == "row" and params.sparsity == 0)
+    return every_block or (n_q < n_k and params.decode == "dense")
 
 
 def _kernel_route(query: torch.Tensor, params: CABParams, key_valid, dropout: float, q_offset: int) -> str | None:

@@ -206,6 +206,7 @@ def select_token_blocks(
             remaining,
             max_count,
             policy,
+            score,
             summaries,
             keys,
             scaling,
@@ -219,11 +220,12 @@ def select_token_blocks(
     return keep.expand(batch, heads, n_q, n_blocks)
 
 
-def _rank_and_pick(scores, candidate, remaining, max_count, policy, summaries, keys, scaling, lam, fraction, bs):
+def _rank_and_pick(scores, candidate, remaining, max_count, policy, score, summaries, keys, scaling, lam, fraction, bs):
     """The score-based policies: magnitude, frc, frc_low and hybrid (magnitude's share first, FRC the rest)."""
     if policy == "magnitude":
         return _top_among(scores, candidate, remaining, max_count)
-    means = _blocks(keys.float(), bs).mean(3)
+    # the hop probes blocks with their mean keys; the "mean" score already computed them
+    means = summaries[0] if score == "mean" else key_block_summaries(keys, bs, "mean")[0]
     frc = token_frc_scores(scores, candidate, _hop_matrix(summaries, means, scaling, scores.shape[1]), lam)
     if policy == "frc":
         return _top_among(frc, candidate, remaining, max_count)

@@ -56,9 +56,10 @@ from typing import Any
 
 import torch
 
-from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, select_cab_blocks
+from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, runs_dense, select_cab_blocks
 from ..attention.selection import attention_preservation
 from ..kernels.block_sparse_attention import expand_kv
+from ..kernels.block_sparse_reference import token_keep_mask
 from ..validation import check_choice, check_float, check_int
 
 __all__ = [
@@ -197,17 +198,6 @@ def _token_selection(keep: torch.Tensor, block_size: int, n_q: int, first: int =
     return keep[:, :, first_block:].repeat_interleave(block_size, dim=2)[:, :, first - start : n_q - start]
 
 
-def _kept_token_mask(token_keep: torch.Tensor, block_size: int, n_k: int, q_offset: int = 0) -> torch.Tensor:
-    """Per-token block selection ``(B, H, Nq, Mk)`` → ``(B, H, Nq, Nk)`` bool: kept block and key ≤ query position.
-
-    ``q_offset`` is the first query's absolute position.
-    """
-    n_q = token_keep.shape[2]
-    kept = token_keep.repeat_interleave(block_size, dim=3)[..., :n_k]
-    positions = q_offset + torch.arange(n_q, device=token_keep.device)
-    return kept & (positions[:, None] >= torch.arange(n_k, device=token_keep.device))
-
-
 def needle_preservation(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -237,7 +227,8 @@ def needle_preservation(
     positions = q_offset + first + torch.arange(rows, device=query.device)
     causal = positions[:, None] >= torch.arange(n_k, device=query.device)
     probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
-    kept = _kept_token_mask(_token_selection(keep, block_size, n_q, first), block_size, n_k, q_offset + first)
+    # the scored queries are the last positions, as token_keep_mask takes them
+    kept = token_keep_mask(_token_selection(keep, block_size, n_q, first), block_size, n_k)
     needle = torch.zeros(n_k, dtype=torch.bool, device=query.device)
     needle[needle_start:needle_end] = True
     return attention_preservation(probs, kept, needle)
@@ -250,11 +241,6 @@ def _causal_pairs(token_keep: torch.Tensor, block_size: int) -> tuple[int, int]:
     causal = (torch.arange(n_q, device=device) // block_size)[:, None] >= torch.arange(n_blocks, device=device)
     kept = int((token_keep & causal).sum())
     return kept, int(causal.sum()) * token_keep.shape[0] * token_keep.shape[1]
-
-
-def _runs_dense(params: CABParams, n_k: int) -> bool:
-    """Whether CAB's prefill over ``n_k`` keys falls back to dense attention (as ``cab_attention_forward`` decides)."""
-    return n_k <= params.min_seq_len or (params.budget == "row" and params.sparsity == 0)
 
 
 class _SparsityCounter:
@@ -273,7 +259,7 @@ class _SparsityCounter:
         params = CABParams.from_config(module.config)
         scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
         n = query.shape[2]
-        if _runs_dense(params, key.shape[2]):  # CAB runs dense attention: everything is kept
+        if runs_dense(params, n, key.shape[2]):  # CAB runs dense attention: everything is kept
             pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
             self.kept, self.total = self.kept + pairs, self.total + pairs
             return params, scaling, None
