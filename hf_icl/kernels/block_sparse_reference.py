@@ -8,6 +8,8 @@ blocks. This is the CPU / reference execution; the Triton kernel of the next sta
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 
@@ -239,12 +241,18 @@ def token_keep_mask(
     return kept & causal[:, None]
 
 
-def _gather_rows(x: torch.Tensor, rows: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """Rows ``rows`` of ``x`` viewed as ``(B·H·Nk, D)``, shaped ``(*shape, D)``: only the selected keys are read."""
-    return x.reshape(-1, x.shape[-1]).index_select(0, rows).view(*shape, x.shape[-1])
+def _real_blocks(x: torch.Tensor, key_index: torch.Tensor | None, block_size: int) -> torch.Tensor:
+    """``(B, H, Nk, D)`` → ``(B·H·Mk, bs, D)``: the row's real tokens in order (padding squeezed out once), cut into
+    blocks, so a selected block is one contiguous copy."""
+    if key_index is not None:
+        x = x.gather(2, key_index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[-1]))
+    return _blocks(x, block_size).flatten(0, 2)
 
 
-#: cap on the elements of one chunk's (tiles × rows × gathered keys) mask: bounds the executor's memory
+#: a masked score: finite, so a row with no key gets uniform (then zeroed) weights and no NaN reaches the gradients
+_MASKED = torch.finfo(torch.float32).min
+
+#: cap on the elements of one chunk's (tiles × rows × gathered keys) score matrix: bounds the executor's memory
 _MAX_MASK_ELEMENTS = 1 << 25
 
 
@@ -276,44 +284,77 @@ def token_sparse_attention(
     batch, heads, n_q, dim = query.shape
     kv_heads, n_k = key.shape[1], key.shape[2]
     n_blocks = token_keep.shape[-1]
-    q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, query.device)
+    q_pos, key_index, _ = real_positions(key_valid, n_q, n_k, query.device)
     q_rows = min(block_size, n_q)
     pad_q = -n_q % q_rows
     tiles = (n_q + pad_q) // q_rows
-    bits = F.pad(token_keep, (0, 0, 0, pad_q)).view(batch, heads, tiles, q_rows, n_blocks)
-    indices, valid = selected_block_indices(bits.any(3))  # the union of each tile's blocks, (B, H, T, K)
-    width = indices.shape[-1]
     q_pos = F.pad(q_pos, (0, pad_q), value=-1).expand(batch, -1).view(batch, 1, tiles, q_rows, 1)
-    n_real = n_real.expand(batch).view(batch, 1, 1, 1, 1)
-    out = torch.empty(batch, heads, tiles * q_rows, dim, dtype=query.dtype, device=query.device)
-    q_tiles = F.pad(query, (0, 0, 0, pad_q)).view(batch, heads, tiles, q_rows, dim)
-    # heads in chunks, so the gathered K/V and the mask stay bounded whatever the unions' width
-    per_head = tiles * q_rows * width * block_size
-    step = max(1, _MAX_MASK_ELEMENTS // max(per_head * batch, 1))
-    group = heads // kv_heads
-    offsets = torch.arange(block_size, device=query.device)
-    for h0 in range(0, heads, step):
-        hs = slice(h0, min(heads, h0 + step))
-        idx, ok = indices[:, hs], valid[:, hs]
-        k_real = (idx.unsqueeze(-1) * block_size + offsets).flatten(-2)  # (B, h, T, K·bs) real key indices
-        token_bits = bits[:, hs].gather(4, idx[:, :, :, None, :].expand(-1, -1, -1, q_rows, -1))
-        token_bits = (token_bits & ok[:, :, :, None, :]).repeat_interleave(block_size, dim=-1)
-        allowed = token_bits & (k_real[:, :, :, None, :] <= q_pos) & (k_real[:, :, :, None, :] < n_real)
-        k_at = k_real.clamp(max=n_k - 1)
-        if key_index is not None:
-            k_at = key_index.gather(1, k_at.flatten(1)).view_as(k_at)
-        kv_head = torch.arange(hs.start, hs.stop, device=query.device) // group
-        base = (torch.arange(batch, device=query.device)[:, None] * kv_heads + kv_head) * n_k  # (B, h)
-        rows = (base[:, :, None, None] + k_at).flatten()
+    # blocks after a query's own are dropped; a tile's real queries are consecutive real positions (< block_size
+    # apart), so only the union's two highest blocks can hold keys after a query: causality is masked there alone
+    own_block = q_pos.div(block_size, rounding_mode="floor")
+    bits = F.pad(token_keep, (0, 0, 0, pad_q)).view(batch, heads, tiles, q_rows, n_blocks)
+    bits = bits & (torch.arange(n_blocks, device=query.device) <= own_block)
+    # the union of each tile's blocks, highest first (unused slots last); one item per (row, head, tile)
+    union = bits.any(3)
+    indices, valid = selected_block_indices(union.flip(-1))
+    indices = (n_blocks - 1 - indices).flatten(0, 2)
+    valid = valid.flatten(0, 2)
+    kv_head = torch.arange(heads, device=query.device) // (heads // kv_heads)
+    item_base = ((torch.arange(batch, device=query.device)[:, None] * kv_heads + kv_head) * n_blocks)[:, :, None]
+    items = _TileItems(
+        queries=F.pad(query, (0, 0, 0, pad_q)).reshape(-1, q_rows, dim),
+        bits=bits.flatten(0, 2),
+        q_pos=q_pos.expand(-1, heads, -1, -1, -1).flatten(0, 2),
+        block_base=item_base.expand(-1, -1, tiles).flatten(),
+        keys=_real_blocks(key, key_index, block_size),
+        values=_real_blocks(value, key_index, block_size),
+    )
+    # Unions differ a lot in width (later tiles see more blocks), so items are sorted by width and run in
+    # chunks padded only to their own widest: the work is the sum of the unions, not items × the widest.
+    counts = union.sum(-1).flatten()
+    order = counts.argsort(descending=True)
+    widths = counts[order].tolist()
+    pieces, start = [], 0
+    while start < len(widths):
+        width = max(widths[start], 1)
+        stop = start + max(1, _MAX_MASK_ELEMENTS // (width * block_size * q_rows))
+        chunk = order[start:stop]
+        pieces.append(items.attend(chunk, indices[chunk, :width], valid[chunk, :width], scaling, dropout))
+        start = stop
+    out = torch.cat(pieces)[order.argsort()].view(batch, heads, tiles * q_rows, dim)
+    sees_a_key = bits.any(-1).flatten(2)[:, :, :n_q, None]  # False for padded queries too
+    return out[:, :, :n_q].masked_fill(~sees_a_key, 0.0)
 
-        bias = torch.zeros(allowed.shape, dtype=query.dtype, device=query.device).masked_fill_(~allowed, float("-inf"))
-        chunk = F.scaled_dot_product_attention(
-            q_tiles[:, hs].flatten(0, 1),
-            _gather_rows(key, rows, k_at.shape).flatten(0, 1),
-            _gather_rows(value, rows, k_at.shape).flatten(0, 1),
-            attn_mask=bias.flatten(0, 1),
-            dropout_p=dropout,
-            scale=scaling,
-        )
-        out[:, hs] = chunk.reshape(batch, hs.stop - hs.start, tiles * q_rows, dim)
-    return out[:, :, :n_q].nan_to_num(0.0)
+
+class _TileItems(NamedTuple):
+    """The executor's work items, one per (row, head, query tile), flattened: ``queries (I, q, D)``, ``bits (I, q,
+    Mk)``, ``q_pos (I, q, 1)`` (real positions, -1 padded), ``block_base (I,)`` (the item's first block in
+    ``keys``/``values``, which are ``(B·H_kv·Mk, bs, D)``)."""
+
+    queries: torch.Tensor
+    bits: torch.Tensor
+    q_pos: torch.Tensor
+    block_base: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+
+    def attend(self, chunk, block_index, block_valid, scaling, dropout) -> torch.Tensor:
+        """Softmax attention of the items ``chunk`` over their union blocks ``block_index (n, K)``, masked per query."""
+        n, width = block_index.shape
+        q_rows, block_size = self.queries.shape[1], self.keys.shape[1]
+        flat = (self.block_base[chunk, None] + block_index).flatten()
+        keys = self.keys.index_select(0, flat).view(n, width * block_size, -1)
+        scores = torch.matmul(self.queries[chunk], keys.transpose(-1, -2)).float().mul_(scaling)
+        scores = scores.view(n, q_rows, width, block_size)
+        token_bits = self.bits[chunk].gather(2, block_index[:, None, :].expand(-1, q_rows, -1))
+        scores.masked_fill_(~(token_bits & block_valid[:, None, :])[..., None], _MASKED)
+        head = min(width, 2)
+        offsets = torch.arange(block_size, device=flat.device)
+        k_head = (block_index[:, :head, None] * block_size + offsets).flatten(1)  # (n, head·bs) real key indices
+        late = (k_head[:, None, :] > self.q_pos[chunk]).view(n, q_rows, head, block_size)
+        scores[:, :, :head].masked_fill_(late, _MASKED)
+        weights = torch.softmax(scores.flatten(-2), dim=-1)
+        if dropout:
+            weights = F.dropout(weights, p=dropout)
+        values = self.values.index_select(0, flat).view(n, width * block_size, -1)
+        return torch.matmul(weights.to(values.dtype), values)
