@@ -564,6 +564,7 @@ def run_niah_command(args) -> int:
         preservation_queries=args.preservation_queries,
         chat_template=chat_template,
         gguf_file=args.gguf_file,
+        answer_prefix=args.answer_prefix,
         **grid,
     )
     written = write_niah_report(records, out)
@@ -808,7 +809,7 @@ def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None
     parser.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")
     parser.add_argument("--topk", type=int, default=None, help="key blocks per query with --budget topk (None: 8)")
     parser.add_argument(
-        "--score", default=None, choices=SCORES, help="CAB's block score (None: the model's, else bound)"
+        "--score", default=None, choices=SCORES, help="CAB's block score (None: the model's, else mean)"
     )
     parser.add_argument("--lam", type=float, default=None, help="FRC's two-hop weight λ (None: the model's, else 0.5)")
     parser.add_argument("--sink-blocks", type=int, default=None, help="leading blocks always kept (None: 1)")
@@ -827,6 +828,12 @@ def _add_niah_parser(commands) -> None:
         default="auto",
         choices=("auto", "on", "off"),
         help="wrap each prompt as the user message of the tokenizer's chat template (auto: if it has one)",
+    )
+    niah.add_argument(
+        "--answer-prefix",
+        default=None,
+        metavar="TEXT",
+        help="text that opens the answer after the prompt, e.g. 'The pass key is' with a chat template",
     )
     niah.add_argument(
         "--lengths", type=_csv(int, "integers"), default="1024,2048,4096", help="comma-separated context lengths"

@@ -636,6 +636,40 @@ def test_chat_template_wraps_every_prompt(monkeypatch, tmp_path):
         run_niah(model, tokenizer, methods=methods, block_size=16, progress=False, results_file=path, **grid)
 
 
+def test_answer_prefix_opens_the_assistant_turn(tmp_path):
+    tokenizer = chat_tokenizer()
+    model = tiny_llama(len(tokenizer))
+    prefix, suffix = _chat_ids(tokenizer)
+    opening = tokenizer("The pass key is", add_special_tokens=False)["input_ids"]
+    forwards = []
+    hook = model.register_forward_pre_hook(
+        lambda module, args, kwargs: forwards.append(kwargs["input_ids"][0].tolist()), with_kwargs=True
+    )
+    grid = {"context_lengths": [96], "depths": [0.5], "samples_per_cell": 1}
+    path = tmp_path / "prefixed.jsonl"
+    run_niah(
+        model,
+        tokenizer,
+        methods=[NIAHMethod()],
+        chat_template=True,
+        answer_prefix="The pass key is",
+        progress=False,
+        results_file=path,
+        **grid,
+    )
+    hook.remove()
+    (row,) = _rows(tokenizer, **grid)
+    assert [*prefix, *row["input_ids"], *suffix, *opening, *row["answer_ids"]] in forwards
+    header = json.loads(path.read_text().splitlines()[0])["niah_header"]
+    assert header["answer_prefix"] == "The pass key is"
+    with pytest.raises(ValueError, match="another configuration.*answer_prefix"):
+        run_niah(
+            model, tokenizer, methods=[NIAHMethod()], chat_template=True, progress=False, results_file=path, **grid
+        )
+    with pytest.raises(ValueError, match="answer_prefix must be a non-empty string"):
+        run_niah(model, tokenizer, methods=[NIAHMethod()], answer_prefix="  ", progress=False, **grid)
+
+
 def test_chat_template_needs_one_that_writes_the_message_once(tokenizer, model):
     grid = {"methods": [NIAHMethod()], "progress": False, "context_lengths": [96], "depths": [0.5]}
     with pytest.raises(ValueError, match="chat_template=True needs a tokenizer with a chat_template"):

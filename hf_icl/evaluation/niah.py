@@ -459,8 +459,14 @@ def _chat_wrap(tokenizer) -> _PromptWrap:
     return _PromptWrap(ids(before), ids(after))
 
 
-def _prompt_wrap(tokenizer, chat_template: bool) -> _PromptWrap:
-    return _chat_wrap(tokenizer) if chat_template else _PromptWrap(tuple(_bos_prefix(tokenizer)))
+def _prompt_wrap(tokenizer, chat_template: bool, answer_prefix: str | None = None) -> _PromptWrap:
+    wrap = _chat_wrap(tokenizer) if chat_template else _PromptWrap(tuple(_bos_prefix(tokenizer)))
+    if not answer_prefix:
+        return wrap
+    # the assistant's turn opens with this text, so the passkey is its continuation (chat models otherwise
+    # answer in their own words first, and the first answer token is not the passkey's)
+    opening = tuple(tokenizer(answer_prefix, add_special_tokens=False)["input_ids"])
+    return _PromptWrap(wrap.prefix, wrap.suffix + opening)
 
 
 def _answer_logits(model, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
@@ -630,6 +636,7 @@ def run_niah(
     preservation_queries: int | None = None,
     chat_template: bool = False,
     gguf_file: str | None = None,
+    answer_prefix: str | None = None,
 ) -> list[dict[str, Any]]:
     """Evaluate ``model`` on passkey retrieval under every method; one record per (method, prompt).
 
@@ -654,6 +661,8 @@ def run_niah(
         chat_template: make each prompt the user message of the tokenizer's chat template (see the module
             docstring); the tokenizer must have one. Off: the prompt follows the tokenizer's BOS when it adds
             one to every text.
+        answer_prefix: text put after the prompt (after the chat template's generation prompt), which the answer
+            continues, e.g. ``"The pass key is"`` for a chat model; it counts among the preservation queries.
         gguf_file: the GGUF file the model was loaded from, if any (``from_pretrained(..., gguf_file=...)``);
             recorded in the results file's header so runs of two files in one directory do not mix.
 
@@ -679,7 +688,9 @@ def run_niah(
         seed=seed,
     )
     rows = list(config.rows())
-    wrap = _prompt_wrap(tokenizer, bool(chat_template))
+    if answer_prefix is not None and (not isinstance(answer_prefix, str) or not answer_prefix.strip()):
+        raise ValueError(f"answer_prefix must be a non-empty string or None, got {answer_prefix!r}")
+    wrap = _prompt_wrap(tokenizer, bool(chat_template), answer_prefix)
     # the question (and the template's suffix) close every prompt: the queries that must find the needle
     last_rows = preservation_queries or len(config._question_ids) + len(wrap.suffix)
     longest = max(len(wrap(row["input_ids"])) + len(row["answer_ids"]) for row in rows)
@@ -705,6 +716,8 @@ def run_niah(
         "gguf_file": None if gguf_file is None else os.path.basename(str(gguf_file)),
         "cab": _other_cab_fields(model.config),
     }
+    if answer_prefix is not None:  # absent otherwise, so results files written before the option still resume
+        header["answer_prefix"] = answer_prefix
     done: dict[tuple, dict] = {}
     handle = None
     if results_file is not None:
