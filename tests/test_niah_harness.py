@@ -32,7 +32,6 @@ from hf_icl.evaluation.niah import (
     run_niah,
 )
 from hf_icl.evaluation.niah_report import summarize_niah, write_niah_report
-from hf_icl.kernels.block_sparse_reference import token_mask
 
 GRID = {"context_lengths": [96, 128], "depths": [0.0, 0.5, 1.0], "samples_per_cell": 1}
 # at sparsity 0.25 the row budget leaves each query block one block beyond its forced two: policies differ
@@ -203,11 +202,6 @@ def _captured_qk(model, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Ten
     return captured
 
 
-def _per_token_blocks(keep: torch.Tensor, n: int, block_size: int) -> torch.Tensor:
-    """The key blocks each of ``n`` prefill queries attends, ``(B, H, n, Mk)``, from either selection shape."""
-    return keep if keep.shape[2] == n else keep.repeat_interleave(block_size, dim=2)[:, :, :n]
-
-
 @pytest.mark.parametrize("method", ["cab-frc@0.25", "cab-streaming@0.25", "cab-oracle@0.25", "cab-frc@0.90"])
 def test_preservation_matches_an_independent_full_computation(records, model, tokenizer, method):
     # the probe watches the teacher-forced forward over prompt + answer and scores the prompt's last queries
@@ -231,7 +225,7 @@ def test_preservation_matches_an_independent_full_computation(records, model, to
         scores, kept_pairs, causal_pairs = [], 0, 0
         for q, k in layers:
             scaling = q.shape[-1] ** -0.5
-            blocks = _per_token_blocks(select_cab_blocks(q, k, params, scaling), n, 16)  # (1, H, n, Mk)
+            blocks = select_cab_blocks(q, k, params, scaling)  # (1, H, n, Mk): one row per query token
             causal = torch.ones(n, n, dtype=torch.bool).tril()
             probs = torch.softmax((q @ k.transpose(-1, -2) * scaling).masked_fill(~causal, -math.inf), -1)
             kept = blocks.repeat_interleave(16, dim=3)[..., :n] & causal  # token level
@@ -248,18 +242,22 @@ def test_preservation_matches_an_independent_full_computation(records, model, to
 def test_needle_preservation_equals_full_masked_softmax(n_q, n_k, rows):
     g = torch.Generator().manual_seed(n_q + rows)
     q, k = torch.randn(2, 4, n_q, 32, generator=g), torch.randn(2, 2, n_k, 32, generator=g)  # grouped-query heads
-    m_q, m_k = -(-n_q // 16), -(-n_k // 16)
-    keep = torch.rand(2, 4, m_q, m_k, generator=g) < 0.5
+    keep = torch.rand(2, 4, n_q, -(-n_k // 16), generator=g) < 0.5  # per query token
     offset = n_k - n_q
     got = needle_preservation(q, k, keep, block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows)
     k_full = k.repeat_interleave(2, dim=1)
     causal = (offset + torch.arange(n_q))[:, None] >= torch.arange(n_k)
     probs = torch.softmax((q @ k_full.transpose(-1, -2) * 0.2).masked_fill(~causal, -math.inf), -1)
-    kept = token_mask(keep, 16, n_q, n_k, offset)
+    # written out: query i (position offset + i) sees key j iff j's block is kept for it and j <= its position
+    kept = keep.repeat_interleave(16, dim=3)[..., :n_k] & causal
     needle = torch.arange(n_k)
     expected = attention_preservation(probs[:, :, -rows:], kept[:, :, -rows:], (needle >= 20) & (needle < 50))
     assert got.shape == (2, 4)
     torch.testing.assert_close(got, expected)
+    with pytest.raises(ValueError, match="keep must be a per-token selection"):
+        needle_preservation(
+            q, k, keep[:, :, :3], block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows
+        )
 
 
 def test_attention_implementation_and_mode_are_restored(tokenizer):

@@ -183,21 +183,6 @@ def niah_methods(
 # -- attention preservation ----------------------------------------------------------------------
 
 
-def _token_selection(keep: torch.Tensor, block_size: int, n_q: int, first: int = 0) -> torch.Tensor:
-    """The key blocks each query ``first … n_q - 1`` attends: ``(B, H, n_q - first, Mk)`` bool.
-
-    ``keep`` is what :func:`~hf_icl.attention.cab.select_cab_blocks` returns: a per-token selection
-    ``(B, H, Nq, Mk)``, or a block selection ``(B, H, Mq, Mk)`` whose row ``i`` holds for the queries
-    ``i·block_size …`` (counted from the first query). The two shapes differ whenever ``Nq > 1``, and for one
-    query both mean the same, so this is the only place that tells them apart; it expands just the rows asked for.
-    """
-    if keep.shape[2] == n_q:
-        return keep[:, :, first:n_q]
-    first_block = first // block_size
-    start = first_block * block_size
-    return keep[:, :, first_block:].repeat_interleave(block_size, dim=2)[:, :, first - start : n_q - start]
-
-
 def needle_preservation(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -209,11 +194,11 @@ def needle_preservation(
     needle_end: int,
     last_rows: int,
 ) -> torch.Tensor:
-    """Share of the dense attention on the needle that a block selection keeps, for the last queries.
+    """Share of the dense attention on the needle that a per-token selection keeps, for the last queries.
 
     ``query (B, H, Nq, D)`` at absolute positions ``Nk - Nq …``, ``key (B, H or KV heads, Nk, D)``, ``keep``
-    the selection CAB attends over: per token ``(B, H, Nq, Mk)`` or per query block ``(B, H, Mq, Mk)``
-    (query blocks counted from the first query). The dense causal probabilities of the last ``last_rows``
+    the per-token selection CAB attends over, ``(B, H, Nq, Mk)``
+    (:func:`~hf_icl.attention.cab.select_cab_blocks`). The dense causal probabilities of the last ``last_rows``
     queries are computed here, ``O(last_rows × Nk)`` per head, and scored with
     :func:`~hf_icl.attention.selection.attention_preservation` over the keys ``[needle_start, needle_end)``.
     Returns ``(B, H)`` float32 in ``[0, 1]``.
@@ -228,7 +213,9 @@ def needle_preservation(
     causal = positions[:, None] >= torch.arange(n_k, device=query.device)
     probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
     # the scored queries are the last positions, as token_keep_mask takes them
-    kept = token_keep_mask(_token_selection(keep, block_size, n_q, first), block_size, n_k)
+    if keep.shape[2] != n_q:
+        raise ValueError(f"keep must be a per-token selection (B, H, {n_q}, Mk), got shape {tuple(keep.shape)}")
+    kept = token_keep_mask(keep[:, :, first:], block_size, n_k)
     needle = torch.zeros(n_k, dtype=torch.bool, device=query.device)
     needle[needle_start:needle_end] = True
     return attention_preservation(probs, kept, needle)
@@ -263,8 +250,7 @@ class _SparsityCounter:
             pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
             self.kept, self.total = self.kept + pairs, self.total + pairs
             return params, scaling, None
-        keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
-        token_keep = _token_selection(keep, params.block_size, n)
+        token_keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
         kept, total = _causal_pairs(token_keep, params.block_size)
         self.kept, self.total = self.kept + kept, self.total + total
         return params, scaling, token_keep
