@@ -16,6 +16,13 @@ from .coarsen import (
     coarsen_max_l2_triton,
     triton_available,
 )
+from .linear_attention import (
+    apply_feature_map,
+    causal_linear_attention,
+    feature_dim,
+    linear_attention_state,
+    linear_attention_step,
+)
 
 __all__ = [
     "block_sparse_attention_backward_triton",
@@ -30,4 +37,9 @@ __all__ = [
     "coarsen_max_l2_reference",
     "coarsen_max_l2_triton",
     "triton_available",
+    "apply_feature_map",
+    "causal_linear_attention",
+    "feature_dim",
+    "linear_attention_state",
+    "linear_attention_step",
 ]
