@@ -61,7 +61,10 @@ def main() -> None:
         unions.append((valid.sum(-1).float().mean().item(), visible))
         return indices, valid
 
-    enable_cab(model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score)
+    # min_seq_len=0 as in hf-icl niah: every token is sparse (the default 1024 runs the first 1024 densely)
+    enable_cab(
+        model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, min_seq_len=0
+    )
     executor.selected_block_indices = recording
     try:
         cab = _timed_forward(model, ids)

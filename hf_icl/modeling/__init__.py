@@ -59,3 +59,20 @@ def build_model(model_type: str, size: str | None, attn_implementation: str | No
     if attn_implementation is None:
         return model_class(config)
     return model_class._from_config(config, attn_implementation=attn_implementation)
+
+
+# The linear-attention GPT (issue 14): AutoModel gives its ICL model, AutoModelForCausalLM its language model.
+from transformers import AutoModelForCausalLM  # noqa: E402
+
+from .linear_gpt import (  # noqa: E402
+    LinearAttentionCache,
+    LinearGPTConfig,
+    LinearGPTForCausalLM,
+    LinearGPTForInContextRegression,
+    LinearGPTModel,
+)
+
+MODEL_CLASSES[LinearGPTConfig.model_type] = (LinearGPTConfig, LinearGPTForInContextRegression)
+AutoConfig.register(LinearGPTConfig.model_type, LinearGPTConfig, exist_ok=True)
+AutoModel.register(LinearGPTConfig, LinearGPTForInContextRegression, exist_ok=True)
+AutoModelForCausalLM.register(LinearGPTConfig, LinearGPTForCausalLM, exist_ok=True)
