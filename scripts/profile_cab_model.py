@@ -37,6 +37,9 @@ def main() -> None:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--score", default="mean")
+    parser.add_argument(
+        "--min-seq-len", type=int, default=None, help="tokens before it attend densely (None: CAB's default, 1024)"
+    )
     args = parser.parse_args()
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, gguf_file=args.gguf_file)
@@ -61,10 +64,8 @@ def main() -> None:
         unions.append((valid.sum(-1).float().mean().item(), visible))
         return indices, valid
 
-    # min_seq_len=0 as in hf-icl niah: every token is sparse (the default 1024 runs the first 1024 densely)
-    enable_cab(
-        model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, min_seq_len=0
-    )
+    knobs = {} if args.min_seq_len is None else {"min_seq_len": args.min_seq_len}
+    enable_cab(model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, **knobs)
     executor.selected_block_indices = recording
     try:
         cab = _timed_forward(model, ids)
