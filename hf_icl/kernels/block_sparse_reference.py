@@ -344,7 +344,8 @@ class _TileItems(NamedTuple):
         q_rows, block_size = self.queries.shape[1], self.keys.shape[1]
         flat = (self.block_base[chunk, None] + block_index).flatten()
         keys = self.keys.index_select(0, flat).view(n, width * block_size, -1)
-        scores = torch.matmul(self.queries[chunk], keys.transpose(-1, -2)).float().mul_(scaling)
+        scores = torch.matmul(self.queries[chunk], keys.transpose(-1, -2))
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)).mul_(scaling)  # fp16/bf16: fp32 softmax
         scores = scores.view(n, q_rows, width, block_size)
         token_bits = self.bits[chunk].gather(2, block_index[:, None, :].expand(-1, q_rows, -1))
         scores.masked_fill_(~(token_bits & block_valid[:, None, :])[..., None], _MASKED)
