@@ -1,10 +1,17 @@
 """ICL architectures as transformers configs + PreTrainedModels, registered with the Auto classes."""
 
-from transformers import AutoConfig, AutoModel
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config_fields import check_config_kwargs
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
+from .linear_gpt import (
+    LinearAttentionCache,
+    LinearGPTConfig,
+    LinearGPTForCausalLM,
+    LinearGPTForInContextRegression,
+    LinearGPTModel,
+)
 from .prompts import check_forward_kwargs, check_prompt
 from .sgpt import (
     MLPForInContextRegression,
@@ -22,6 +29,7 @@ MODEL_CLASSES = {
     SGPTConfig.model_type: (SGPTConfig, SGPTForInContextRegression),
     MLPICLConfig.model_type: (MLPICLConfig, MLPForInContextRegression),
     OneLayerFeatureMapConfig.model_type: (OneLayerFeatureMapConfig, OneLayerFeatureMapModel),
+    LinearGPTConfig.model_type: (LinearGPTConfig, LinearGPTForInContextRegression),
 }
 
 # AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the
@@ -29,6 +37,8 @@ MODEL_CLASSES = {
 for _config_class, _model_class in MODEL_CLASSES.values():
     AutoConfig.register(_config_class.model_type, _config_class, exist_ok=True)
     AutoModel.register(_config_class, _model_class, exist_ok=True)
+# the linear-attention GPT is also a language model (constant-memory generation)
+AutoModelForCausalLM.register(LinearGPTConfig, LinearGPTForCausalLM, exist_ok=True)
 
 
 def build_config(model_type: str, size: str | None = None, **config_fields):
@@ -59,20 +69,3 @@ def build_model(model_type: str, size: str | None, attn_implementation: str | No
     if attn_implementation is None:
         return model_class(config)
     return model_class._from_config(config, attn_implementation=attn_implementation)
-
-
-# The linear-attention GPT (issue 14): AutoModel gives its ICL model, AutoModelForCausalLM its language model.
-from transformers import AutoModelForCausalLM  # noqa: E402
-
-from .linear_gpt import (  # noqa: E402
-    LinearAttentionCache,
-    LinearGPTConfig,
-    LinearGPTForCausalLM,
-    LinearGPTForInContextRegression,
-    LinearGPTModel,
-)
-
-MODEL_CLASSES[LinearGPTConfig.model_type] = (LinearGPTConfig, LinearGPTForInContextRegression)
-AutoConfig.register(LinearGPTConfig.model_type, LinearGPTConfig, exist_ok=True)
-AutoModel.register(LinearGPTConfig, LinearGPTForInContextRegression, exist_ok=True)
-AutoModelForCausalLM.register(LinearGPTConfig, LinearGPTForCausalLM, exist_ok=True)

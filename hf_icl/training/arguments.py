@@ -64,7 +64,7 @@ class ICLTrainingArguments:
     # -- model ---------------------------------------------------------------------------------
     model_type: str = field(
         default="gpt2_icl",
-        metadata={"help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map"},
+        metadata={"help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map, linear_gpt"},
     )
     model_size: str | None = field(
         default="standard",
