@@ -648,7 +648,8 @@ def run_bench(argv: list[str]) -> int:
 
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: hf-icl bench NAME [benchmark flags]   (hf-icl bench NAME --help for its flags)\n")
-        print("\n".join(f"  {name:<12}{what}" for name, what in BENCHMARKS.items()))
+        width = max(map(len, BENCHMARKS)) + 2  # every description starts in the same column
+        print("\n".join(f"  {name:<{width}}{what}" for name, what in BENCHMARKS.items()))
         return 0
     run_benchmark(argv[0], argv[1:])
     return 0
@@ -684,7 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser("train", help="train an ICL model (see hf-icl train --help)", add_help=False)
     commands.add_parser(
-        "bench", help="run a benchmark: cab, estimators, samplers, sgpt (hf-icl bench NAME --help)", add_help=False
+        "bench",
+        help="run a benchmark: cab, estimators, linear-attention, samplers, sgpt (hf-icl bench NAME --help)",
+        add_help=False,
     )
 
     ev = commands.add_parser("evaluate", help="evaluate a trained model against estimators", formatter_class=_formatter)

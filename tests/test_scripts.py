@@ -80,7 +80,10 @@ def test_bench_lists_the_benchmarks_and_rejects_unknown_names(capsys):
     listing = capsys.readouterr().out
     assert all(f"  {name} " in listing for name in BENCHMARKS)
     assert main(["bench", "nope"]) == 2
-    assert "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'samplers', 'sgpt']" in capsys.readouterr().err
+    assert (
+        "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'linear-attention', 'samplers', 'sgpt']"
+        in capsys.readouterr().err
+    )
 
 
 def test_bench_scripts_are_the_cli_benchmarks(monkeypatch, capsys):
