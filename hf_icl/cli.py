@@ -487,6 +487,7 @@ def _load_causal_lm(source: str, gguf: dict, dtype: str, device):
 _CAB_KNOBS = {
     "lam": "--lam",
     "sink_blocks": "--sink-blocks",
+    "local_blocks": "--local-blocks",
     "magnitude_fraction": "--magnitude-fraction",
     "topk": "--topk",
     "score": "--score",
@@ -816,6 +817,12 @@ def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None
     )
     parser.add_argument("--lam", type=float, default=None, help="FRC's two-hop weight λ (None: the model's, else 0.5)")
     parser.add_argument("--sink-blocks", type=int, default=None, help="leading blocks always kept (None: 1)")
+    parser.add_argument(
+        "--local-blocks",
+        type=int,
+        default=None,
+        help="a token's own block and the blocks just before it always kept, in all (None: 1, its own block)",
+    )
     parser.add_argument(
         "--magnitude-fraction", type=float, default=None, help="hybrid's share of slots by magnitude (None: 0.5)"
     )

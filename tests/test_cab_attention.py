@@ -160,6 +160,7 @@ def test_hyperparameters_survive_save_and_from_pretrained(tmp_path):
         ({"policy": "random"}, "cab_policy"),
         ({"budget": "layer"}, "cab_budget"),
         ({"sink_blocks": -1}, "cab_sink_blocks"),
+        ({"local_blocks": 0}, "cab_local_blocks"),
         ({"decode": "skip"}, "cab_decode"),
         ({"lam": -1.0}, "cab_lambda"),
     ],

@@ -60,6 +60,7 @@ SETTINGS = [
     {"budget": "row", "sparsity": 0.5},
     {"budget": "row", "sparsity": 0.75},
     {"budget": "topk", "topk": 2},
+    {"budget": "row", "sparsity": 0.75, "local_blocks": 2},
 ]
 
 
@@ -70,7 +71,7 @@ def test_changing_the_future_never_changes_the_past(policy, block_size):
     model = cab(gpt2(), policy=policy, block_size=block_size)
     ids = tokens(1, LENGTH)
     for settings, p in itertools.product(SETTINGS, (20, 47, 64)):
-        hf_icl.enable_cab(model, **settings)
+        hf_icl.enable_cab(model, **{"local_blocks": 1, **settings})
         changed = ids.clone()
         changed[:, p + 1 :] = tokens(1, LENGTH - p - 1, seed=p)
         torch.testing.assert_close(
@@ -84,8 +85,8 @@ def test_teacher_forced_logits_equal_step_by_step_generation(family, policy):
     """Prefill of the whole sequence == prefill of a prefix, then one cached decode step per token."""
     model = cab(MODELS[family](), policy=policy, block_size=16, score="bound")
     ids = tokens(1, LENGTH)
-    for settings in SETTINGS[::2]:
-        hf_icl.enable_cab(model, **settings)
+    for settings in (SETTINGS[0], SETTINGS[2], SETTINGS[3]):  # row, topk, and a two-block local window
+        hf_icl.enable_cab(model, **{"local_blocks": 1, **settings})
         full = logits(model, ids)
         with torch.no_grad():
             out = model(input_ids=ids[:, :40], use_cache=True)

@@ -270,6 +270,24 @@ def test_attention_implementation_and_mode_are_restored(tokenizer):
     assert not any(name.startswith("cab_") for name in model.config.to_dict())
 
 
+def test_a_file_from_before_a_cab_field_resumes_with_its_default(tokenizer, model, tmp_path):
+    path = tmp_path / "old.jsonl"
+    grid = {"methods": [NIAHMethod("magnitude", 0.5)], "context_lengths": [96], "depths": [0.5], "samples_per_cell": 1}
+    grid["progress"] = False
+    first = run_niah(model, tokenizer, results_file=path, **grid)
+    lines = path.read_text().splitlines()
+    header = json.loads(lines[0])
+    del header["niah_header"]["cab"]["local_blocks"]  # as written before cab_local_blocks existed (default 1)
+    path.write_text("\n".join([json.dumps(header), *lines[1:]]) + "\n")
+    assert run_niah(model, tokenizer, results_file=path, **grid) == first
+    model.config.cab_local_blocks = 2
+    try:
+        with pytest.raises(ValueError, match="another configuration.*local_blocks"):
+            run_niah(model, tokenizer, results_file=path, **grid)
+    finally:
+        del model.config.cab_local_blocks
+
+
 def test_resume_skips_done_records_and_refuses_another_config(tokenizer, model, tmp_path, monkeypatch):
     path = tmp_path / "niah" / "results.jsonl"
     methods = [NIAHMethod(), NIAHMethod("frc", 0.75)]

@@ -22,8 +22,9 @@ def _loop_score(q, block, score):
     return float(q.double() @ block[int(norms.argmax())].double())
 
 
-def _loop_selection(q, k, *, policy, score, sparsity=None, topk=None, sink=1, min_seq_len=0, valid=None):
-    """Per query token: own block + sinks, then the best past complete blocks up to the budget."""
+def _loop_selection(q, k, *, policy, score, sparsity=None, topk=None, sink=1, local=1, min_seq_len=0, valid=None):
+    """Per query token: own block (and the ``local - 1`` before it) + sinks, then the best past complete blocks up
+    to the budget."""
     n_k = k.shape[0]
     real = list(range(n_k)) if valid is None else [p for p in range(n_k) if valid[p]]
     keys = k[real]
@@ -41,7 +42,7 @@ def _loop_selection(q, k, *, policy, score, sparsity=None, topk=None, sink=1, mi
             rows.append([j <= own for j in range(n_blocks)])
             continue
         budget = topk if topk is not None else max(1, math.floor((1 - sparsity) * (own + 1) + 0.5))
-        forced = {own} | {j for j in range(min(sink, own + 1))}
+        forced = {j for j in range(max(0, own - local + 1), own + 1)} | {j for j in range(min(sink, own + 1))}
         for j in forced:
             keep[j] = True
         candidates = [j for j in range(own) if j not in forced]
@@ -71,10 +72,12 @@ def _select(q, k, valid=None, **rule):
 @pytest.mark.parametrize("score", ["bound", "mean", "max_l2"])
 @pytest.mark.parametrize("policy", ["magnitude", "streaming"])
 @pytest.mark.parametrize("budget", [{"sparsity": 0.6}, {"topk": 3}])
-def test_selection_equals_the_rule_written_out_per_token(score, policy, budget):
+@pytest.mark.parametrize("local", [1, 2])
+def test_selection_equals_the_rule_written_out_per_token(score, policy, budget, local):
     q, k = _qk(100, 100)
-    keep = _select(q, k, policy=policy, score=score, budget="row" if "sparsity" in budget else "topk", **budget)
-    expected = _loop_selection(q, k, policy=policy, score=score, **budget)
+    kind = "row" if "sparsity" in budget else "topk"
+    keep = _select(q, k, policy=policy, score=score, budget=kind, local_blocks=local, **budget)
+    expected = _loop_selection(q, k, policy=policy, score=score, local=local, **budget)
     assert torch.equal(keep, expected)
 
 

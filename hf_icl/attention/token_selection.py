@@ -8,9 +8,10 @@ selection is the same in prefill and in decode, whatever follows.
 
 The rule, for each query token (blocks laid over the row's real tokens, padding squeezed out):
 
-* *visible* blocks are ``j <= c``; *forced* blocks are its own block ``c`` (partly visible: token-level
-  causality inside it is the executor's job) and the sinks ``j < sink_blocks``; *candidates* are the visible,
-  unforced blocks, all complete and wholly in the past.
+* *visible* blocks are ``j <= c``; *forced* blocks are its local window ``c - local_blocks < j <= c`` (its own
+  block, partly visible: token-level causality inside it is the executor's job, and with ``local_blocks > 1`` the
+  blocks just before it) and the sinks ``j < sink_blocks``; *candidates* are the visible, unforced blocks, all
+  complete and wholly in the past.
 * the budget counts visible blocks, forced ones included: ``budget="row"`` keeps ``max(1, round((1 - sparsity)
   * (c + 1)))`` (round half up), ``budget="topk"`` keeps ``topk``; forced blocks are kept even beyond it. A token
   whose real index is below ``min_seq_len`` keeps every visible block (short prefixes stay dense).
@@ -162,6 +163,7 @@ def select_token_blocks(
     sparsity: float = 0.9,
     topk: int = 8,
     sink_blocks: int = 1,
+    local_blocks: int = 1,
     min_seq_len: int = 0,
     lam: float = 0.5,
     magnitude_fraction: float = 0.5,
@@ -180,7 +182,7 @@ def select_token_blocks(
     own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
     cols = torch.arange(n_blocks, device=device)
     visible = (cols <= own) & (own >= 0)
-    forced = visible & ((cols == own) | (cols < sink_blocks))
+    forced = visible & ((cols > own - local_blocks) | (cols < sink_blocks))
     candidate = visible & ~forced
     if policy == "dense" or (budget == "row" and sparsity == 0):
         return visible.expand(batch, heads, n_q, n_blocks).clone()

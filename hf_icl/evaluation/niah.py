@@ -569,6 +569,10 @@ def load_niah_results(path: str | os.PathLike) -> list[dict[str, Any]]:
 
 
 def _check_header(path: Path, found: dict, expected: dict) -> None:
+    if isinstance(found.get("cab"), dict):
+        # a file written before CAB gained a field ran with that field's default
+        defaults = _other_cab_fields(None)
+        found = {**found, "cab": {**{k: v for k, v in defaults.items() if k not in found["cab"]}, **found["cab"]}}
     if found == expected:
         return
     differences = ", ".join(
@@ -593,12 +597,13 @@ _SET_BY_RUN = ("sparsity", "policy", "block_size", "budget", "min_seq_len", "dec
 
 
 def _other_cab_fields(config) -> dict[str, Any]:
-    """CAB's hyperparameters that run_niah does not set, as the model's config holds them (defaults if absent).
+    """CAB's hyperparameters that run_niah does not set, as the model's config holds them (defaults if absent;
+    ``config=None``: every default).
 
     Every field of :class:`~hf_icl.attention.cab.CABParams` but :data:`_SET_BY_RUN`, so fields CAB gains later
     are recorded (and keep results of different settings apart) without a change here.
     """
-    params = CABParams.from_config(config)
+    params = CABParams() if config is None else CABParams.from_config(config)
     return {name: getattr(params, name) for name in params.__dataclass_fields__ if name not in _SET_BY_RUN}
 
 
