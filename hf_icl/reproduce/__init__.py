@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..validation import check_choice
-from . import sgpt
+from . import linear_attention, sgpt
 
 #: paper name -> its module (``EXPERIMENTS`` and ``run``)
-PAPERS = {"sgpt": sgpt}
+PAPERS = {"sgpt": sgpt, "linear-attention": linear_attention}
 
 
 def experiments(paper: str) -> dict:
