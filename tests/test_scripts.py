@@ -1,10 +1,12 @@
 """The benchmarks (``hf-icl bench``) and the scripts run end to end on tiny sizes."""
 
 import importlib.util
+import math
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_icl.benchmarks import BENCHMARKS, run_benchmark
 from hf_icl.benchmarks.cab import flex_block_mask
@@ -185,3 +187,19 @@ def test_train_niah_retriever_time_limit_stops_and_still_saves(tmp_path, capsys)
     assert AutoModelForCausalLM.from_pretrained(out).config.n_layer == 1
     with pytest.raises(SystemExit):
         load("train_niah_retriever").parse_args(["--output-dir", str(out), "--max-minutes", "0"])
+
+
+def test_perplexity_by_position_groups_tokens_by_block_offset_and_position():
+    script = load("perplexity_by_position")
+    losses = torch.arange(1.0, 17.0) / 10  # tokens 1..16 predicted, blocks of 8: offsets 1..7, 0, 1..7, 0
+    groups = dict(script.grouped_perplexities(losses, block_size=8, split=6))
+    position = list(range(1, 17))
+    by_hand = {
+        "all": position,
+        "offset 0-1": [p for p in position if p % 8 < 2],
+        "offset 6-7": [p for p in position if p % 8 >= 6],
+        "position < 6": [1, 2, 3, 4, 5],
+        "position >= 6": list(range(6, 17)),
+    }
+    for name, chosen in by_hand.items():
+        assert groups[name] == pytest.approx(math.exp(sum(p / 10 for p in chosen) / len(chosen)))
