@@ -44,7 +44,7 @@ from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
 from ..evaluation.plotting import save_figure
 from ..training.trainer import step_seed
-from .runs import Report, comparable, log, verdict
+from .runs import Experiment, Report, comparable, log, verdict
 from .seed_ensemble import SeedEnsemble, build_seeded
 
 PAPER = "linear-attention"
@@ -1145,12 +1145,6 @@ def engines(ctx: Context) -> None:
         f"optimizer step (softmax attention through SDPA), the ensemble the stacked step (eager attention).{busy}\n\n"
         + _table(("model", "way", "seed-steps / s", "vs the first row"), rows)
     )
-
-
-@dataclass(frozen=True)
-class Experiment:
-    title: str
-    run: Callable[[Context], None]
 
 
 EXPERIMENTS = {

@@ -13,6 +13,7 @@ import json
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -71,6 +72,14 @@ def model_fields(**fields) -> str:
 
 
 # -- claims -------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Experiment:
+    """A reproducible figure or table: its title and the function that runs it on its paper's context."""
+
+    title: str
+    run: Callable[[Any], None]
+
+
 @dataclass
 class Claim:
     """One claim of the document, our measurement and the verdict at the size run."""

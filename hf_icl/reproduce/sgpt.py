@@ -15,7 +15,7 @@ all lengths, as the document does for its MLPs) and are read at the document's c
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +29,7 @@ from ..evaluation.tables import markdown_grid
 from ..modeling.sgpt.feature_maps import feature_map as apply_feature_map
 from ..modeling.sgpt.feature_maps import prompt_matrix
 from .plots import plot_sweep
-from .runs import Report, comparable, improves, learned, log, model_fields, train_or_reuse, verdict
+from .runs import Experiment, Report, comparable, improves, learned, log, model_fields, train_or_reuse, verdict
 
 PAPER = "sgpt"
 
@@ -599,12 +599,6 @@ def _fig7_claims(ctx: Context, tag: str, task_scaling: dict, context_scaling: di
         f"T: {summary(task_scaling, both)}; N: {summary(context_scaling, both)}",
         verdict(all(improves(task_scaling[b]) and improves(context_scaling[b]) for b in both)),
     )
-
-
-@dataclass(frozen=True)
-class Experiment:
-    title: str
-    run: Callable[[Context], None]
 
 
 EXPERIMENTS = {

@@ -8,7 +8,7 @@ from transformers.activations import ACT2FN
 from ...kernels.linear_attention import BACKENDS, FEATURE_MAPS, MODES, feature_dim
 from ...validation import check_choice, check_float, check_int
 from ..config_fields import check_config_kwargs, check_prompt_fields
-from ..gpt2_icl.configuration_gpt2_icl import IO_INITS, SIZE_PRESETS
+from ..gpt2_icl.configuration_gpt2_icl import IO_INITS, GPT2ICLConfig
 from ..prompts import PROMPT_FORMATS
 
 
@@ -135,18 +135,6 @@ class LinearGPTConfig(PretrainedConfig):
                 f"n_head={self.n_head} (head_dim {self.n_embd // self.n_head}): {err}"
             ) from None
 
-    @classmethod
-    def from_preset(cls, size: str, **kwargs) -> LinearGPTConfig:
-        """A config with the width / depth / heads of a named size (tiny, small, standard)."""
-        check_choice("size", size, sorted(SIZE_PRESETS))
-        n_embd, n_layer, n_head = SIZE_PRESETS[size]
-        kwargs = {cls.attribute_map.get(key, key): value for key, value in kwargs.items()}  # hidden_size → n_embd
-        clash = sorted({"n_embd", "n_layer", "n_head"} & set(kwargs))
-        if clash:
-            raise ValueError(f"size={size!r} sets n_embd/n_layer/n_head; do not also pass {clash}")
-        return cls(n_embd=n_embd, n_layer=n_layer, n_head=n_head, **kwargs)
-
-    @property
-    def label_width(self) -> int:
-        """Width of a y token before padding: 1, or ``n_classes`` one-hot entries."""
-        return self.n_classes if self.target_kind == "categorical" else 1
+    # the same presets and label width as the softmax baseline, so the two compare at equal sizes
+    from_preset = classmethod(GPT2ICLConfig.from_preset.__func__)
+    label_width = GPT2ICLConfig.label_width
