@@ -7,7 +7,7 @@ S_t = Σ_{j≤t} φ(k_j) v_jᵀ, z_t = Σ_{j≤t} φ(k_j), o_t = φ(q_t)ᵀ S_t 
 from __future__ import annotations
 
 import doctest
-import importlib
+import importlib.util
 import os
 import sys
 import types
@@ -476,3 +476,23 @@ def test_public_names():
     assert BACKENDS == ("auto", "torch", "triton", "fla")
     for name in ("causal_linear_attention", "linear_attention_step", "linear_attention_state", "apply_feature_map"):
         assert getattr(kernels, name) is getattr(la, name) and name in kernels.__all__
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("fla") is None or not torch.cuda.is_available(),
+    reason="needs flash-linear-attention and CUDA (its kernels do not run under the Triton interpreter)",
+)
+@pytest.mark.parametrize("normalize", [True, False])
+def test_fla_backend_equals_the_parallel_form_on_cuda(normalize):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 200, 32, device="cuda", generator=g, requires_grad=True) for _ in range(3))
+    reference = causal_linear_attention(q, k, v, mode="parallel", normalize=normalize)
+    out = causal_linear_attention(q, k, v, backend="fla", normalize=normalize)
+    torch.testing.assert_close(out, reference, atol=2e-3, rtol=2e-3)
+    weights = torch.randn(out.shape, device="cuda", generator=g)
+    for a, b in zip(
+        torch.autograd.grad((out * weights).sum(), (q, k, v)),
+        torch.autograd.grad((reference * weights).sum(), (q, k, v)),
+        strict=True,
+    ):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
