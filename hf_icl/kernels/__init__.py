@@ -1,4 +1,5 @@
-"""Triton kernels (with PyTorch references and dispatchers) for CAB block-sparse attention.
+"""Triton kernels with their PyTorch references and dispatchers: CAB's block-sparse attention (and its per-token
+executor) and causal linear attention.
 
 Importing this package never requires triton: kernels are only defined when it is importable.
 """
