@@ -454,10 +454,15 @@ def test_cli_end_to_end_and_resume(tokenizer, tmp_path, capsys):
         assert "hf-icl niah: error:" in err and re.search(match, err), err
 
 
-def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
+def _saved_tiny_gpt2(tokenizer, tmp_path):
     saved = tmp_path / "tiny"
     tiny_gpt2(len(tokenizer), seed=2).save_pretrained(saved)
     tokenizer.save_pretrained(saved)
+    return saved
+
+
+def _selection_spy(monkeypatch):
+    """Records the CABParams of every CAB selection; returns (the list, the spy) so callers can patch more places."""
     from hf_icl.attention import cab
 
     seen, original = [], cab.select_cab_blocks
@@ -467,6 +472,12 @@ def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
         return original(query, key, params, *args, **kwargs)
 
     monkeypatch.setattr(cab, "select_cab_blocks", spy)
+    return seen, spy
+
+
+def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
+    saved = _saved_tiny_gpt2(tokenizer, tmp_path)
+    seen, _ = _selection_spy(monkeypatch)
     out = tmp_path / "knobs"
     argv = [
         "niah",
@@ -834,18 +845,8 @@ def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
 
 
 def test_cli_passes_topk_and_score_to_the_config(tokenizer, tmp_path, monkeypatch):
-    saved = tmp_path / "tiny"
-    tiny_gpt2(len(tokenizer), seed=2).save_pretrained(saved)
-    tokenizer.save_pretrained(saved)
-    from hf_icl.attention import cab
-
-    seen, original = [], cab.select_cab_blocks
-
-    def spy(query, key, params, *args, **kwargs):
-        seen.append(params)
-        return original(query, key, params, *args, **kwargs)
-
-    monkeypatch.setattr(cab, "select_cab_blocks", spy)
+    saved = _saved_tiny_gpt2(tokenizer, tmp_path)
+    seen, spy = _selection_spy(monkeypatch)
     monkeypatch.setattr(niah, "select_cab_blocks", spy)
     out = tmp_path / "topk"
     argv = ["niah", "--model", str(saved), "--lengths", "96", "--depths", "0.5", "--samples", "1"]
