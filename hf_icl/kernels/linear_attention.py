@@ -268,11 +268,8 @@ def _resolve_backend(backend: str, device: torch.device | str) -> str:
     form at every length and dtype; explicit ``"triton"`` / ``"fla"`` run them already.
     """
     check_choice("backend", backend, BACKENDS)
-    if backend != "auto":
-        return backend
-    if torch.device(device).type == "cpu":
-        return "torch"
-    return "torch"  # CUDA: unchanged until a GPU benchmark decides
+    # CPU, and CUDA until a GPU benchmark decides: PyTorch's chunked form.
+    return "torch" if backend == "auto" else backend
 
 
 def _unnormalised(phi_q, phi_k, v, mode: str, backend: str, chunk_size: int) -> torch.Tensor:
