@@ -72,6 +72,16 @@ def finish_axes(ax, metric, *, log_y: bool | None, confidence: tuple[float, floa
     ax.legend(handles, labels, **legend_kw)
 
 
+def new_panels(columns: int, size: tuple[float, float], rows: int = 1, **subplots):
+    """A fresh figure on an Agg canvas and its ``rows × columns`` axes, flattened to one sequence."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=size, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(rows, columns, squeeze=False, **subplots).ravel()
+
+
 def save_figure(fig, path: str | Path, dpi: int = 120) -> Path:
     """Write ``fig`` to ``path`` (parent folders created) and return the path."""
     path = Path(path)

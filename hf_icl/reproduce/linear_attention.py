@@ -42,9 +42,9 @@ import torch
 
 from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
-from ..evaluation.plotting import save_figure
+from ..evaluation.plotting import new_panels, save_figure
 from ..training.trainer import step_seed
-from .runs import Experiment, Report, comparable, log, verdict
+from .runs import Experiment, Report, comparable, log, seed_interval, verdict
 from .seed_ensemble import SeedEnsemble, build_seeded
 
 PAPER = "linear-attention"
@@ -286,20 +286,6 @@ def query_errors(predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
 
 
 # -- statistics --------------------------------------------------------------------------------------------------
-def seed_interval(values: torch.Tensor, confidence: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean over seeds (dim 0) and the half-width of its t interval, ``t_{(1+c)/2, n-1} · s / √n`` (s with n − 1);
-    the half-width is NaN for a single seed."""
-    from scipy.stats import t  # scipy comes with scikit-learn
-
-    values = torch.as_tensor(values, dtype=torch.float64)
-    n = values.shape[0]
-    mean = values.mean(0)
-    if n < 2:
-        return mean, torch.full_like(mean, math.nan)
-    quantile = float(t.ppf((1 + confidence) / 2, n - 1))
-    return mean, quantile * values.std(0, correction=1) / math.sqrt(n)
-
-
 def document_interval(residuals: Sequence[torch.Tensor]) -> float:
     """The document's rule (its appendix): concatenate the residuals of all seeds and take 1.96 · std (numpy's std,
     without the n − 1 correction). Here the residuals are the per-prompt query errors whose mean is the loss."""
@@ -921,19 +907,10 @@ def _convergence_section(ctx: Context, results: dict) -> None:
 
 
 # -- plots ---------------------------------------------------------------------------------------------------------
-def _figure(columns: int, size: tuple[float, float]):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=size, layout="constrained")
-    FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, columns, squeeze=False)[0]
-
-
 def plot_curves(path: Path, results: dict) -> Path:
     """Figs. 1–2 side by side: test (solid, 95 % t band over seeds) and train (dashed) loss against samples seen,
     one panel per depth, both architectures in each."""
-    fig, axes = _figure(len(DEPTHS), (5.0 * len(DEPTHS), 4.0))
+    fig, axes = new_panels(len(DEPTHS), (5.0 * len(DEPTHS), 4.0))
     for ax, depth in zip(axes, DEPTHS, strict=True):
         shown = []
         for i, (key, recipe) in enumerate(RECIPES.items()):
@@ -959,7 +936,7 @@ def plot_curves(path: Path, results: dict) -> Path:
 
 def plot_shift(path: Path, results: dict) -> Path:
     """Fig. 3: isotropic vs anisotropic test loss by depth, both architectures (bars: seed means, whiskers: 95 % t)."""
-    fig, (ax,) = _figure(1, (7.0, 4.2))
+    fig, (ax,) = new_panels(1, (7.0, 4.2))
     bars = [(key, name) for key in RECIPES for name in ("test", "anisotropic")]
     width, heights = 0.8 / len(bars), []
     for i, (key, name) in enumerate(bars):

@@ -10,6 +10,7 @@ arguments are unchanged, so re-running an experiment to redraw its report costs 
 from __future__ import annotations
 
 import json
+import math
 import platform
 import sys
 import time
@@ -110,6 +111,20 @@ def learned(errors: list[float], trivial: float, factor: float = 0.9) -> bool:
 def improves(errors: list[float], factor: float = 0.8) -> bool:
     """True when the last error is below ``factor`` times the first (a curve that scales)."""
     return errors[-1] < factor * errors[0]
+
+
+def seed_interval(values: torch.Tensor, confidence: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean over seeds (dim 0) and the half-width of its t interval, ``t_{(1+c)/2, n-1} · s / √n`` (s with n − 1);
+    the half-width is NaN for a single seed."""
+    from scipy.stats import t  # scipy comes with scikit-learn
+
+    values = torch.as_tensor(values, dtype=torch.float64)
+    n = values.shape[0]
+    mean = values.mean(0)
+    if n < 2:
+        return mean, torch.full_like(mean, math.nan)
+    quantile = float(t.ppf((1 + confidence) / 2, n - 1))
+    return mean, quantile * values.std(0, correction=1) / math.sqrt(n)
 
 
 def comparable(a: float, b: float, factor: float = 1.5) -> bool:

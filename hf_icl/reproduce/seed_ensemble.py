@@ -65,7 +65,11 @@ class SeedEnsemble:
         model_type, fields: as :func:`hf_icl.modeling.build_model` takes them (no size preset).
         seeds: one model per seed, initialised as ``ICLTrainer`` would initialise it.
         learning_rate: Adam's (constant) step size.
-        max_grad_norm: per-seed gradient clipping of the loss MSE/d (0: off).
+        max_grad_norm: per-seed gradient clipping of the training loss (0: off).
+        loss_per_dim: train on the model's loss divided by d (the linear-attention study's MSE / d); False: the
+            model's loss as it is.
+        forward_kwargs: extra keyword arguments of every forward call (e.g. ``{"n_context": 100}`` for the
+            kernel-ICL models' context/query protocol).
         attn_implementation: for ``gpt2_icl`` use ``"eager"``: SDPA has no batching rule on the CPU and falls back
             to a Python loop under ``vmap``.
     """
@@ -78,6 +82,8 @@ class SeedEnsemble:
         learning_rate: float,
         *,
         max_grad_norm: float = 1.0,
+        loss_per_dim: bool = True,
+        forward_kwargs: dict | None = None,
         attn_implementation: str | None = None,
     ):
         if not seeds:
@@ -85,6 +91,8 @@ class SeedEnsemble:
         check_float("learning_rate", learning_rate, low=0, low_inclusive=False)
         self.max_grad_norm = check_float("max_grad_norm", max_grad_norm, low=0)
         self.seeds = tuple(seeds)
+        self.loss_per_dim = loss_per_dim
+        self.forward_kwargs = {"check_inputs": False, **(forward_kwargs or {})}
         self.model_type, self.fields, self.attn_implementation = model_type, dict(fields), attn_implementation
         models = [build_seeded(model_type, fields, seed, attn_implementation) for seed in self.seeds]
         self._check_deterministic(models[0])
@@ -112,17 +120,18 @@ class SeedEnsemble:
         return len(self.seeds)
 
     def _call(self, params, frozen, buffers, xs, ys):
-        return functional_call(self.template, (params, frozen, buffers), (xs, ys), {"check_inputs": False})
+        return functional_call(self.template, (params, frozen, buffers), (xs, ys), self.forward_kwargs)
 
     def _loss(self, params, frozen, buffers, xs, ys):
-        return self._call(params, frozen, buffers, xs, ys).loss / xs.shape[-1]  # the study's MSE / d
+        loss = self._call(params, frozen, buffers, xs, ys).loss
+        return loss / xs.shape[-1] if self.loss_per_dim else loss
 
     def _predictions(self, params, frozen, buffers, xs, ys):
         return self._call(params, frozen, buffers, xs, ys).predictions
 
     def step(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         """One Adam step of every seed on its own batch ``xs (S, B, N, d)``, ``ys (S, B, N)``; returns the ``(S,)``
-        losses (MSE / d over every position) before the step."""
+        training losses (see ``loss_per_dim``) before the step."""
         if xs.shape[0] != self.size or ys.shape[0] != self.size:
             raise ValueError(f"xs and ys need one batch per seed (dim 0 = {self.size}), got {tuple(xs.shape)}")
         grads, losses = self._grads(self.params, self.frozen, self.buffers, xs, ys)
