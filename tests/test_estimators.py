@@ -142,7 +142,7 @@ def test_bad_inputs_raise_naming_the_argument(xs, ys, argument, fragment):
         (lambda: KNN(k=2.5), "k must be an integer"),
         (lambda: Ridge(lam=0.0), "lam must be a number in (0.0, +inf)"),
         (lambda: Lasso(alpha=-1), "alpha"),
-        (lambda: NadarayaWatson(kernel="cosine"), "kernel must be one of"),
+        (lambda: NadarayaWatson(kernel="laplace"), "kernel must be one of"),
         (lambda: KernelRidge(bandwidth=0), "bandwidth"),
         (lambda: OptimalRidge(noise_std=[0.1, -0.2]), "noise_std[1]"),
         (lambda: OptimalRidge(noise_std=[0.1, 0.2], noise_probs=[0.5]), "noise_probs must be 2"),

@@ -23,8 +23,20 @@ that each estimator uses whatever examples exist, with these conventions:
 * :class:`KNN`: with fewer than ``k`` examples, the mean of all of them;
 * :class:`Averaging`: the mean over the ``i`` examples; :class:`OneStepGD`: the plain sum;
 * :class:`NadarayaWatson`: the kernel average over the available examples (Hilbert kernel: an
-  exact duplicate of ``x_i`` takes all the weight);
+  exact duplicate of ``x_i`` takes all the weight; angular kernels: cosine, Cayley, GA);
 * :class:`TwoLayerNN`, :class:`DecisionTree`, :class:`XGBoost`: fitted to the ``i`` examples.
+
+Context and queries
+-------------------
+``estimator.predict_queries(context_xs (B, n, d), context_ys (B, n), query_xs (B, Q, d)) -> (B, Q)``
+predicts every query from all ``n`` context pairs (queries never see each other), as the kernel-regression
+document's ``fit(context).predict(queries)``. Ridge, kernel ridge and Nadaraya–Watson do it in closed form;
+every other estimator through the all-prefix protocol on the prompts ``[context, query]``.
+
+Features
+--------
+:class:`RandomFourierFeatures` is a fixed input embedding and :class:`OnFeatures` runs any estimator on
+embedded inputs (the document's angular kernels on random Fourier features).
 
 Example::
 
@@ -37,6 +49,7 @@ Example::
 """
 
 from .base import InContextEstimator
+from .features import OnFeatures, RandomFourierFeatures
 from .kernel_ridge import KernelRidge
 from .knn import KNN
 from .lasso import Lasso
@@ -58,8 +71,10 @@ __all__ = [
     "Lasso",
     "LeastSquares",
     "NadarayaWatson",
+    "OnFeatures",
     "OneStepGD",
     "OptimalRidge",
+    "RandomFourierFeatures",
     "Ridge",
     "TwoLayerNN",
     "XGBoost",

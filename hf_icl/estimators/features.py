@@ -1,0 +1,105 @@
+"""Fixed input feature maps, and running an estimator on mapped inputs.
+
+The kernel-regression document embeds its scalar inputs with random Fourier features before the angular
+kernels (cosine, Cayley, GA) see them: on one-dimensional inputs ``x / |x|`` is only a sign.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..validation import check_float, check_int
+from .base import InContextEstimator
+
+
+class RandomFourierFeatures:
+    """``φ(x) = [cos(x W), sin(x W)]`` with fixed random frequencies ``W = scale · N(0, 1)^(n_dims × n_frequencies)``.
+
+    ``W`` is drawn once, in float64 on the CPU, from ``torch.Generator().manual_seed(seed)``, so a seed fixes
+    it on every machine; the defaults reproduce the document's ``torch.manual_seed(42);
+    torch.randn(1, 32, dtype=torch.float64) * 2.0``. The inner products ``φ(x)ᵀφ(x')`` estimate the Gaussian
+    kernel ``exp(-scale² |x - x'|² / 2)`` (times ``n_frequencies``).
+
+    Args:
+        n_dims: input dimension ``d`` >= 1.
+        n_frequencies: number of frequencies >= 1; the features have ``2 * n_frequencies`` entries.
+        scale: standard deviation of the frequencies, > 0.
+        seed: seed of the generator that draws ``W``, in ``[0, 2**64 - 1]`` (what ``manual_seed`` takes).
+
+    Calling it maps ``xs (..., n_dims)`` to ``(..., 2 * n_frequencies)`` in ``xs``'s dtype and device.
+
+    >>> import torch
+    >>> rff = RandomFourierFeatures()
+    >>> rff.name, rff.frequencies.shape
+    ('rff(32, scale=2)', torch.Size([1, 32]))
+    >>> rff(torch.zeros(5, 1))[0, :3], rff(torch.zeros(5, 1))[0, 32:35]
+    (tensor([1., 1., 1.]), tensor([0., 0., 0.]))
+    """
+
+    def __init__(self, n_dims: int = 1, n_frequencies: int = 32, scale: float = 2.0, seed: int = 42):
+        self.n_dims = check_int("n_dims", n_dims, low=1)
+        self.n_frequencies = check_int("n_frequencies", n_frequencies, low=1)
+        self.scale = check_float("scale", scale, low=0.0, low_inclusive=False)
+        self.seed = check_int("seed", seed, low=0, high=2**64 - 1)
+        generator = torch.Generator().manual_seed(seed)
+        normal = torch.randn(n_dims, n_frequencies, generator=generator, dtype=torch.float64)
+        self.frequencies = normal * self.scale
+        self.name = f"rff({n_frequencies}, scale={self.scale:g})"
+
+    def __call__(self, xs: torch.Tensor) -> torch.Tensor:
+        if not isinstance(xs, torch.Tensor) or not xs.is_floating_point():
+            got = xs.dtype if isinstance(xs, torch.Tensor) else type(xs).__name__
+            raise ValueError(f"xs must be a floating-point torch.Tensor, got {got}")
+        if xs.ndim < 1 or xs.shape[-1] != self.n_dims:
+            raise ValueError(
+                f"xs must have shape (..., n_dims) = (..., {self.n_dims}) for this feature map, got {tuple(xs.shape)}"
+            )
+        projection = xs @ self.frequencies.to(dtype=xs.dtype, device=xs.device)
+        return torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1)
+
+    def __repr__(self) -> str:
+        return (
+            f"RandomFourierFeatures(n_dims={self.n_dims}, n_frequencies={self.n_frequencies}, "
+            f"scale={self.scale:g}, seed={self.seed})"
+        )
+
+
+class OnFeatures(InContextEstimator):
+    """``estimator`` run on ``features(xs)`` instead of ``xs`` (the labels are unchanged).
+
+    Both protocols carry over: ``OnFeatures(e, φ)(xs, ys) == e(φ(xs), ys)`` and ``predict_queries`` maps the
+    context and the queries, then uses ``e``'s own (closed-form, where it has one) ``predict_queries``.
+
+    Args:
+        estimator: an :class:`InContextEstimator`.
+        features: a callable mapping ``(..., d)`` to ``(..., D)`` row by row, in the input's dtype and device
+            (e.g. :class:`RandomFourierFeatures`); its ``name``, if any, goes into this estimator's name.
+
+    >>> import torch
+    >>> from hf_icl.estimators import NadarayaWatson, OnFeatures, RandomFourierFeatures
+    >>> cosine_on_rff = OnFeatures(NadarayaWatson("cosine"), RandomFourierFeatures())
+    >>> cosine_on_rff.name
+    'nadaraya_watson(cosine, T=0.1) on rff(32, scale=2)'
+    >>> xs = torch.linspace(-3, 3, 40, dtype=torch.float64).reshape(1, 40, 1)
+    >>> cosine_on_rff(xs, torch.sin(xs[..., 0])).shape
+    torch.Size([1, 40])
+    """
+
+    def __init__(self, estimator: InContextEstimator, features: Callable[[torch.Tensor], torch.Tensor]):
+        if not isinstance(estimator, InContextEstimator):
+            raise ValueError(f"estimator must be an InContextEstimator, got {type(estimator).__name__}")
+        if not callable(features):
+            raise ValueError(f"features must be callable (a feature map), got {type(features).__name__}")
+        self.estimator = estimator
+        self.features = features
+        self.name = f"{estimator.name} on {getattr(features, 'name', type(features).__name__)}"
+
+    def _predict(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
+        return self.estimator(self.features(xs), ys)
+
+    def _predict_queries(
+        self, context_xs: torch.Tensor, context_ys: torch.Tensor, query_xs: torch.Tensor
+    ) -> torch.Tensor:
+        return self.estimator.predict_queries(self.features(context_xs), context_ys, self.features(query_xs))
