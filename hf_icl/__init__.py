@@ -14,6 +14,8 @@ from .modeling import (  # noqa: E402
     GPT2ICLConfig,
     GPT2ICLModel,
     ICLOutput,
+    KernelICLConfig,
+    KernelICLForInContextRegression,
     LinearGPTConfig,
     LinearGPTForCausalLM,
     LinearGPTForInContextRegression,

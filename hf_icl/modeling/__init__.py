@@ -5,6 +5,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 from .config_fields import check_config_kwargs
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
+from .kernel_icl import KernelICLConfig, KernelICLForInContextRegression
 from .linear_gpt import (
     LinearAttentionCache,
     LinearGPTConfig,
@@ -30,6 +31,7 @@ MODEL_CLASSES = {
     MLPICLConfig.model_type: (MLPICLConfig, MLPForInContextRegression),
     OneLayerFeatureMapConfig.model_type: (OneLayerFeatureMapConfig, OneLayerFeatureMapModel),
     LinearGPTConfig.model_type: (LinearGPTConfig, LinearGPTForInContextRegression),
+    KernelICLConfig.model_type: (KernelICLConfig, KernelICLForInContextRegression),
 }
 
 # AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the

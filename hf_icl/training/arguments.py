@@ -64,7 +64,10 @@ class ICLTrainingArguments:
     # -- model ---------------------------------------------------------------------------------
     model_type: str = field(
         default="gpt2_icl",
-        metadata={"help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map, linear_gpt"},
+        metadata={
+            "help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map, linear_gpt, "
+            "kernel_icl"
+        },
     )
     model_size: str | None = field(
         default="standard",
