@@ -125,8 +125,8 @@ class NadarayaWatson(InContextEstimator):
     def _predict(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         xs, ys = to_working(xs, ys)
         usable = earlier_mask(xs.shape[1], xs.device)
-        # Position 0 has no usable pair and predicts 0; leaving its row out of the normalisation keeps
-        # its all -inf log-sum-exp (whose gradient is NaN) out of the graph.
+        # Position 0 has no usable pair and predicts exactly 0; leaving its row out of the normalisation
+        # avoids a log-sum-exp over an all -inf row (NaN intermediates that would have to be masked away).
         later = self._weighted_average(xs[:, 1:], xs, ys, usable[1:])
         return torch.cat([torch.zeros_like(ys[:, :1]), later], dim=1)
 
