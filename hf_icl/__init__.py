@@ -10,6 +10,8 @@ from .data.tasks import available_tasks, get_task, make_task  # noqa: E402
 from .estimators import available_estimators, get_estimator  # noqa: E402
 from .evaluation import evaluate_context_scaling, evaluate_task_scaling, ood_task  # noqa: E402
 from .modeling import (  # noqa: E402
+    GDTransformerConfig,
+    GDTransformerForInContextClassification,
     GPT2ForInContextRegression,
     GPT2ICLConfig,
     GPT2ICLModel,
@@ -28,5 +30,6 @@ from .modeling import (  # noqa: E402
     SGPTForInContextRegression,
     SGPTModel,
     build_model,
+    functional_gd_logits,
 )
 from .training import ICLTrainer, ICLTrainingArguments, train  # noqa: E402

@@ -3,6 +3,7 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config_fields import check_config_kwargs
+from .gd_transformer import GDTransformerConfig, GDTransformerForInContextClassification, functional_gd_logits
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
 from .kernel_icl import KernelICLConfig, KernelICLForInContextRegression
@@ -32,6 +33,7 @@ MODEL_CLASSES = {
     OneLayerFeatureMapConfig.model_type: (OneLayerFeatureMapConfig, OneLayerFeatureMapModel),
     LinearGPTConfig.model_type: (LinearGPTConfig, LinearGPTForInContextRegression),
     KernelICLConfig.model_type: (KernelICLConfig, KernelICLForInContextRegression),
+    GDTransformerConfig.model_type: (GDTransformerConfig, GDTransformerForInContextClassification),
 }
 
 # AutoModel maps to the predicting model: reloading a checkpoint with AutoModel gives the

@@ -1,0 +1,197 @@
+"""Functional gradient descent for categorical in-context learning (seed 004), and the kernels it uses.
+
+The softmax classification model ``p(y = c | x) = softmax(W_eᵀ f(x))_c`` shares the embedding matrix
+``W_e`` (``d' × C``, column ``c`` embeds class ``c``) with the transformer. Functional GD on the
+cross-entropy of the context pairs, evaluated at every prompt position ``i`` from the pairs ``j < i``
+(the all-prefix protocol of the package), is
+
+    f_{i,0} = 0,
+    f_{i,k+1} = f_{i,k} + η s_i Σ_{j<i} κ(x_i, x_j) (w_{e,y_j} − E(w_e)|f_{j,k}),
+    E(w_e)|f = W_e softmax(W_eᵀ f),
+
+with ``s_i = 1`` or ``1 / i`` (the number of context pairs of position ``i``) and logits ``W_eᵀ f_{i,K}``.
+``f_{j,k}`` is position ``j``'s own state, which used the pairs before ``j`` only: a causal transformer
+computes exactly this, one block per step (:mod:`.modeling_gd_transformer`).
+
+The pieces here are small and shared: :func:`kernel_weights` (the kernels as masked attention weights),
+:func:`expected_embedding`, :func:`functional_gd_step` and the reference :func:`functional_gd_logits`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...validation import check_choice, check_float, check_int
+
+#: the kernels κ (``bandwidth`` h rescales each; all are unnormalised sums unless ``normalize`` is asked for):
+#: ``"softmax"`` ``exp(qᵀk / h)``, ``"rbf"`` ``exp(−‖q − k‖² / (2h²))``, ``"linear"`` ``qᵀk / h``
+KERNELS = ("softmax", "rbf", "linear")
+
+
+def squared_distances(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """``‖q_i − k_j‖²`` for every pair, ``(..., Nq, Nk)``, from the differences themselves (not the expansion
+    ``‖q‖² + ‖k‖² − 2qᵀk``), so a query equal to a key is at distance exactly 0.
+
+    >>> import torch
+    >>> squared_distances(torch.tensor([[0.0, 0.0], [3.0, 4.0]]), torch.tensor([[3.0, 4.0]]))
+    tensor([[25.],
+            [ 0.]])
+    """
+    return torch.cdist(queries, keys, compute_mode="donot_use_mm_for_euclid_dist").square()
+
+
+def kernel_scores(queries: torch.Tensor, keys: torch.Tensor, kernel: str, bandwidth: float = 1.0) -> torch.Tensor:
+    """The kernel's argument for every (query, key) pair, ``(..., Nq, Nk)``: ``qᵀk / h`` for ``"softmax"`` and
+    ``"linear"``, ``−‖q − k‖² / (2h²)`` for ``"rbf"``. κ is ``exp`` of it (softmax, rbf) or it itself (linear)."""
+    if kernel == "rbf":
+        return squared_distances(queries, keys) / (-2.0 * bandwidth**2)
+    return queries @ keys.transpose(-1, -2) / bandwidth
+
+
+def kernel_weights(
+    queries: torch.Tensor,
+    keys: torch.Tensor,
+    kernel: str,
+    bandwidth: float = 1.0,
+    mask: torch.Tensor | None = None,
+    normalize: bool = False,
+) -> torch.Tensor:
+    """Kernel values ``κ(q_i, k_j)`` as attention weights, ``(..., Nq, Nk)``, zero where ``mask`` is False.
+
+    Args:
+        queries, keys: ``(..., Nq, D)`` and ``(..., Nk, D)``.
+        kernel: one of :data:`KERNELS`.
+        bandwidth: h > 0.
+        mask: bool, broadcastable to ``(..., Nq, Nk)``; True where key ``j`` may be used by query ``i``.
+        normalize: divide the softmax kernel's weights by their sum over the allowed keys (softmax attention as
+            trained transformers compute it); a query with no allowed key gets all-zero weights. Softmax only.
+
+    Masked entries are removed *before* ``exp``, so no overflowed ``inf`` (and no ``0 · inf`` gradient) appears.
+
+    >>> import torch
+    >>> q = torch.tensor([[1.0], [2.0]])
+    >>> causal = torch.tensor([[False, False], [True, False]])  # query i sees keys j < i
+    >>> kernel_weights(q, q, "linear", mask=causal)
+    tensor([[0., 0.],
+            [2., 0.]])
+    """
+    check_choice("kernel", kernel, KERNELS)
+    if normalize and kernel != "softmax":
+        raise ValueError(f"normalize=True applies to kernel='softmax' only, got kernel={kernel!r}")
+    scores = kernel_scores(queries, keys, kernel, bandwidth)
+    if kernel == "linear":
+        return scores if mask is None else torch.where(mask, scores, 0.0)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if not normalize:
+        return scores.exp()
+    weights = scores.softmax(dim=-1)
+    # a row with no allowed key is all -inf: softmax gives NaN there, the empty sum is 0
+    return weights if mask is None else torch.where(mask.any(dim=-1, keepdim=True), weights, 0.0)
+
+
+def expected_embedding(f: torch.Tensor, class_embeddings: torch.Tensor) -> torch.Tensor:
+    """``E(w_e)|f = W_e softmax(W_eᵀ f)`` for every latent ``f (..., d')``; ``class_embeddings`` is ``W_e (d', C)``.
+
+    >>> import torch
+    >>> W_e = torch.eye(2)
+    >>> expected_embedding(torch.zeros(1, 2), W_e)  # f = 0: the mean embedding
+    tensor([[0.5000, 0.5000]])
+    """
+    return (f @ class_embeddings).softmax(dim=-1) @ class_embeddings.T
+
+
+def context_counts(n_points: int, device=None, dtype=None) -> torch.Tensor:
+    """``(N, 1)``: position ``i`` has ``i`` context pairs; position 0 (none) counts 1 (its update is empty anyway)."""
+    return torch.arange(n_points, device=device, dtype=dtype).clamp_min(1).unsqueeze(-1)
+
+
+def causal_context_mask(n_points: int, device=None) -> torch.Tensor:
+    """``(N, N)`` bool, True at ``[i, j]`` for ``j < i``: the context pairs position ``i`` may use."""
+    return torch.ones(n_points, n_points, dtype=torch.bool, device=device).tril(-1)
+
+
+def functional_gd_step(
+    f: torch.Tensor,
+    weights: torch.Tensor,
+    label_embeddings: torch.Tensor,
+    class_embeddings: torch.Tensor,
+    learning_rate: float,
+    normalize_by_count: bool = False,
+) -> torch.Tensor:
+    """One step ``f_{k+1} = f_k + η s_i Σ_j weights[i, j] (w_{e,y_j} − E(w_e)|f_{j,k})`` at every position.
+
+    Args:
+        f: ``(B, N, d')`` the latents ``f_{j,k}`` of every position.
+        weights: ``(B, N, N)`` kernel weights, already zero for ``j >= i`` (:func:`kernel_weights`).
+        label_embeddings: ``(B, N, d')`` the embeddings ``w_{e,y_j}`` of the labels.
+        class_embeddings: ``W_e (d', C)``.
+        learning_rate: η.
+        normalize_by_count: ``s_i = 1 / i`` instead of 1.
+    """
+    residuals = label_embeddings - expected_embedding(f, class_embeddings)
+    update = weights @ residuals
+    if normalize_by_count:
+        update = update / context_counts(f.shape[-2], f.device, f.dtype)
+    return f + learning_rate * update
+
+
+def functional_gd_logits(
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    W_e: torch.Tensor,
+    n_steps: int,
+    learning_rate: float,
+    kernel: str = "softmax",
+    bandwidth: float = 1.0,
+    normalize_by_count: bool = False,
+    normalize_attention: bool = False,
+) -> torch.Tensor:
+    """Logits ``W_eᵀ f_{i,K}`` of ``n_steps`` of functional GD at every position, ``(B, N, C)``.
+
+    Position ``i`` uses the pairs ``j < i`` only (position 0 has none: ``f = 0``, uniform logits). Vectorised over
+    prompts and positions; the loop runs over the K steps only. It is the function
+    :meth:`GDTransformerForInContextClassification.from_gd_construction` computes.
+
+    Args:
+        xs: ``(B, N, d)`` inputs.
+        ys: ``(B, N)`` integer class ids in ``[0, C)``.
+        W_e: ``(d', C)`` class embeddings (column ``c`` embeds class ``c``).
+        n_steps: K >= 0.
+        learning_rate: η.
+        kernel, bandwidth: κ (:data:`KERNELS`) and its h > 0.
+        normalize_by_count: ``s_i = 1 / i`` instead of 1.
+        normalize_attention: the softmax kernel's weights divided by their sum over ``j < i``.
+
+    >>> import torch
+    >>> xs, ys, W_e = torch.randn(2, 6, 3), torch.randint(4, (2, 6)), torch.randn(5, 4)
+    >>> logits = functional_gd_logits(xs, ys, W_e, n_steps=2, learning_rate=0.5)
+    >>> logits.shape, bool((logits[:, 0] == 0).all())  # position 0: f = 0
+    (torch.Size([2, 6, 4]), True)
+    """
+    check_int("n_steps", n_steps, low=0)
+    check_float("learning_rate", learning_rate)
+    check_float("bandwidth", bandwidth, low=0, low_inclusive=False)
+    if not (isinstance(W_e, torch.Tensor) and W_e.ndim == 2 and W_e.is_floating_point()):
+        raise ValueError(f"W_e must be a floating-point (d', C) tensor, got {_describe(W_e)}")
+    if not (isinstance(xs, torch.Tensor) and xs.ndim == 3 and xs.is_floating_point()):
+        raise ValueError(f"xs must be a floating-point (B, N, d) tensor, got {_describe(xs)}")
+    if not isinstance(ys, torch.Tensor) or ys.shape != xs.shape[:2]:
+        raise ValueError(f"ys must be a (B, N) = {tuple(xs.shape[:2])} tensor of class ids, got {_describe(ys)}")
+    n_classes = W_e.shape[1]
+    if ys.numel() and (ys.min() < 0 or ys.max() >= n_classes):
+        raise ValueError(f"ys must be class ids in [0, {n_classes}) (W_e has {n_classes} columns)")
+    xs = xs.to(W_e.dtype)
+    mask = causal_context_mask(xs.shape[1], xs.device)
+    weights = kernel_weights(xs, xs, kernel, bandwidth, mask, normalize_attention)
+    label_embeddings = W_e.T[ys.long()]
+    f = torch.zeros(*xs.shape[:2], W_e.shape[0], dtype=W_e.dtype, device=xs.device)
+    for _ in range(n_steps):
+        f = functional_gd_step(f, weights, label_embeddings, W_e, learning_rate, normalize_by_count)
+    return f @ W_e
+
+
+def _describe(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    return f"{value!r} ({type(value).__name__})"
