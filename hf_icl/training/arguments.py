@@ -66,7 +66,7 @@ class ICLTrainingArguments:
         default="gpt2_icl",
         metadata={
             "help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map, linear_gpt, "
-            "kernel_icl"
+            "kernel_icl, gd_transformer"
         },
     )
     model_size: str | None = field(
