@@ -19,6 +19,7 @@ from hf_icl.modeling.gd_transformer import (
     expected_embedding,
     functional_gd_logits,
 )
+from hf_icl.training import train
 
 D, N, WIDTH, C = 3, 7, 5, 4  # input dimension, prompt length, embed_dim d', classes
 KERNELS = ("softmax", "rbf", "linear")
@@ -393,6 +394,22 @@ def test_training_from_scratch_on_the_categorical_task_reduces_the_loss():
         after = model(eval_xs, eval_ys).loss.item()
     assert before == pytest.approx(math.log(3), abs=1e-2)  # nearly uniform at initialisation
     assert after < before - 0.1, (before, after)  # measured: 1.099 -> 0.898
+
+
+def test_the_trainer_trains_it_on_the_categorical_task_and_evaluation_reads_its_logits(tmp_path):
+    from training_helpers import tiny_args
+
+    args = tiny_args(
+        tmp_path, task="categorical", task_params='{"n_classes": 3}', model_type="gd_transformer",
+        model_overrides='{"n_blocks": 2}', eval_every=5,
+    )  # fmt: skip
+    train(args)
+    model = AutoModel.from_pretrained(tmp_path).eval()
+    assert type(model) is GDTransformerForInContextClassification
+    assert (model.config.n_classes, model.config.n_blocks, model.config.embed_dim) == (3, 2, 16)
+    task = get_task("categorical", n_dims=3, n_classes=3)
+    result = hf_icl.evaluate_context_scaling({"gd": model}, task, n_points=6, n_prompts=32)
+    assert result.values["gd"].shape == (6,) and bool(((result.values["gd"] >= 0) & (result.values["gd"] <= 1)).all())
 
 
 # ---------------------------------------------------------------------------------------------------------------
