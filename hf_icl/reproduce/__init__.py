@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..validation import check_choice
-from . import linear_attention, sgpt
+from . import kernel_icl, linear_attention, sgpt
 
 #: paper name -> its module (``EXPERIMENTS`` and ``run``)
-PAPERS = {"sgpt": sgpt, "linear-attention": linear_attention}
+PAPERS = {"sgpt": sgpt, "linear-attention": linear_attention, "kernel-icl": kernel_icl}
 
 
 def experiments(paper: str) -> dict:

@@ -33,7 +33,6 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
@@ -44,7 +43,7 @@ from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
 from ..evaluation.plotting import new_panels, save_figure
 from ..training.trainer import step_seed
-from .runs import Experiment, Report, comparable, log, seed_interval, verdict
+from .runs import Experiment, Report, comparable, log, seed_interval, usable_cores, verdict
 from .seed_ensemble import SeedEnsemble, build_seeded
 
 PAPER = "linear-attention"
@@ -385,20 +384,6 @@ class GroupResult:
         )
 
 
-@contextmanager
-def _quiet_saving():
-    """No progress bar per saved model: one-tick bars for every seed of every group would bury the log."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _score(ensemble: SeedEnsemble, prompts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
     xs, ys = prompts
     return query_errors(ensemble.predict(xs, ys), ys)
@@ -450,9 +435,7 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
         {name: _score(ensemble, prompts) for name, prompts in sets.items()},
         time.perf_counter() - started,
     )
-    with _quiet_saving():
-        for seed, model in zip(spec.seeds, ensemble.models(), strict=True):
-            model.save_pretrained(run_dir / f"seed{seed}")
+    ensemble.save_models(run_dir)
     result.save(run_dir)
     log(f"  {spec.name} done in {result.seconds / 60:.1f} min, test loss {float(result.final('test').mean()):.4f}")
     return result
@@ -468,10 +451,6 @@ def _train_in_worker(spec: dict, run_dir: str, threads: int) -> str:
     torch.set_num_threads(threads)
     train_group(GroupSpec.from_dict(spec), Path(run_dir))
     return spec["recipe"] + f"_L{spec['depth']}"
-
-
-def usable_cores() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def run_groups(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import sys
 import time
@@ -29,6 +30,11 @@ from ..training.trainer import TRAINING_ARGS_FILE
 VERDICTS = ("holds", "does not hold", "not testable at this size")
 #: arguments that do not change what a training run learns (a run differing only in these is reused)
 _BOOKKEEPING = ("output_dir", "overwrite_output_dir", "progress_bar", "report_to", "resume_from_checkpoint")
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def log(message: str) -> None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 from accelerate.utils import set_seed
@@ -164,3 +165,19 @@ class SeedEnsemble:
             model.load_state_dict(state)
             out.append(model.eval())
         return out
+
+    def save_models(self, run_dir: str | Path) -> list[torch.nn.Module]:
+        """``save_pretrained`` every seed's model to ``run_dir/seed{seed}`` (no progress bar per model: one-tick bars
+        for every seed would bury the log); returns the models."""
+        from transformers.utils import logging as hf_logging
+
+        models = self.models()
+        enabled = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()
+        try:
+            for seed, model in zip(self.seeds, models, strict=True):
+                model.save_pretrained(Path(run_dir) / f"seed{seed}")
+        finally:
+            if enabled:
+                hf_logging.enable_progress_bar()
+        return models

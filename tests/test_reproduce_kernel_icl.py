@@ -1,0 +1,142 @@
+"""The kernel-ICL reproduction (seed 000) at a tiny scale: it runs end to end, its numbers are what its parts
+compute, finished groups are reused, and its helpers match independent references."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+from scipy.stats import spearmanr
+
+from hf_icl.data.tasks import get_task
+from hf_icl.reproduce import kernel_icl
+from hf_icl.reproduce.runs import VERDICTS
+
+TINY = kernel_icl.Scale(
+    seeds=(3, 4),
+    hidden_size=8,
+    context_points=30,
+    query_points=70,  # the weight-profile figure reads query 65
+    head_steps=6,
+    head_context=8,
+    head_queries=4,
+    rff_frequencies=8,
+    n_dims=4,
+    grid_steps=4,
+    grid_context=10,
+    grid_queries=5,
+    eval_tasks=3,
+    eval_context=12,
+    eval_queries=4,
+    curve_every=2,
+)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory):
+    out = tmp_path_factory.mktemp("kernel_icl")
+    path = kernel_icl.run("all", output_dir=out, scale=TINY, command="test", workers=1)
+    return out, path
+
+
+def test_all_writes_both_tables_every_insight_and_the_figures(finished):
+    out, path = finished
+    text = path.read_text()
+    assert "## Table 1" in text and "## Table 2" in text
+    summary = json.loads((path.parent / "results.json").read_text())
+    claims = summary["claims"]
+    insights = [c for c in claims if c["claim"][:2] in {f"{i}." for i in range(1, 8)}]
+    assert [c["claim"][0] for c in insights] == list("1234567")
+    assert all(c["verdict"] in VERDICTS for c in claims)
+    for name in ("predictions", "weights", "curves", "box_bars"):
+        assert (path.parent / f"kernel-icl_all_{name}.png").stat().st_size > 0
+    numbers = summary["numbers"]
+    assert set(numbers["table1"]) == set(kernel_icl.TABLE1) | {"dual_ridge"}
+    assert all(len(v) == len(TINY.seeds) for v in numbers["table1"].values())
+    assert len(numbers["table2"]) == 9  # eight models and KRR
+    # the learned column parameters are reported for the four column-attention models, one dict per seed
+    assert sorted(numbers["learned_column_parameters"]) == sorted(f"col_{k}" for k in kernel_icl.ROW_KERNELS)
+
+
+def test_table1_numbers_are_the_methods_errors_on_the_seed_prompt(finished):
+    """Ridge's reported MSE equals ridge written out on the seed's prompt; primal and dual agree."""
+    _, path = finished
+    numbers = json.loads((path.parent / "results.json").read_text())["numbers"]["table1"]
+    for i, seed in enumerate(TINY.seeds):
+        data = kernel_icl.sine_prompt(TINY, seed)
+        x, y = data["context_x"][0], data["context_y"][0]
+        w = torch.linalg.solve(x.T @ x + torch.eye(1, dtype=x.dtype), x.T @ y)
+        mse = float((data["query_x"][0] @ w - data["query_y"][0]).square().mean())
+        assert numbers["ridge"][i] == pytest.approx(mse, rel=1e-9)
+        assert numbers["dual_ridge"][i] == pytest.approx(mse, rel=1e-9)
+
+
+def test_finished_groups_are_reused_not_retrained(finished, monkeypatch):
+    out, _ = finished
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished group was retrained")
+
+    monkeypatch.setattr(kernel_icl.SeedEnsemble, "step", no_training)
+    path = kernel_icl.run("table2", output_dir=out, scale=TINY, command="test", workers=1)
+    assert "## Table 2" in path.read_text()
+
+
+def test_a_changed_spec_retrains_and_two_processes_train_what_one_would(finished, tmp_path):
+    """3 steps instead of the 6 the head was trained for: retrained, here in two worker processes (one group
+    each), and every worker's models equal the ones a single in-process loop trains."""
+    out, _ = finished
+    groups = [
+        kernel_icl.Group("head_1d", kernel_icl.model_fields(TINY, 1, "softmax", False, 100)),
+        kernel_icl.Group("head_cosine", kernel_icl.model_fields(TINY, 1, "cosine", False, 100)),
+    ]
+    training = kernel_icl.Training({"name": "sinusoid", "n_dims": 1}, 3, 8, 4)
+    runs = out / "kernel-icl" / "runs"
+    before = (runs / "head_1d" / "spec.json").read_text()
+    parallel = kernel_icl.train_groups(TINY, groups, training, runs, workers=2)
+    assert (runs / "head_1d" / "spec.json").read_text() != before
+    single = kernel_icl.train_groups(TINY, groups, training, tmp_path, workers=1)
+    xs, ys = torch.randn(2, 9, 1), torch.randn(2, 9)
+    for name in ("head_1d", "head_cosine"):
+        (models_a, curve_a), (models_b, curve_b) = parallel[name], single[name]
+        assert torch.equal(curve_a, curve_b)
+        for a, b in zip(models_a, models_b, strict=True):
+            assert torch.equal(a(xs, ys).predictions, b(xs, ys).predictions)
+
+
+def test_sine_prompt_is_the_documents_construction():
+    """Context on linspace(−3, 3) with σ-scaled noise from the seed, queries with clean sin targets."""
+    scale = kernel_icl.Scale(context_points=200, query_points=100)
+    data = kernel_icl.sine_prompt(scale, 42)
+    generator = torch.Generator().manual_seed(42)
+    x = torch.linspace(-3, 3, 200, dtype=torch.float64)
+    expected = torch.sin(x) + 0.2 * torch.randn(200, generator=generator, dtype=torch.float64)
+    assert torch.equal(data["context_y"][0], expected)
+    assert torch.equal(data["query_y"][0], torch.sin(torch.linspace(-3, 3, 100, dtype=torch.float64)))
+
+
+def test_context_query_batch_has_noisy_context_and_clean_query_targets():
+    task = get_task("latent_group_sinusoid", n_dims=5)
+    xs, targets = kernel_icl.context_query_batch(task, 6, 7, 3, torch.Generator().manual_seed(0))
+    xs2, ys2, params = task.sample(6, 10, generator=torch.Generator().manual_seed(0), return_params=True)
+    assert torch.equal(xs, xs2)
+    assert torch.equal(targets[:, :7], ys2[:, :7])
+    assert torch.equal(targets[:, 7:], params["signal"][:, 7:])
+    assert not torch.equal(targets[:, 7:], ys2[:, 7:])  # the noise is real (σ = 0.1)
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]])
+def test_spearman_matches_scipy(order):
+    assert kernel_icl._spearman(list(range(5)), order) == pytest.approx(spearmanr(range(5), order).statistic)
+
+
+def test_pm_formats_a_missing_interval_without_nan():
+    assert kernel_icl._pm(0.5, math.nan) == "0.5000"
+    assert kernel_icl._pm(0.5, 0.01) == "0.5000 ± 0.0100"
+
+
+def test_mlp_steps_is_refused():
+    with pytest.raises(ValueError, match="mlp_steps"):
+        kernel_icl.run("table1", mlp_steps=3, scale=TINY)
