@@ -10,7 +10,9 @@ from .data.tasks import available_tasks, get_task, make_task  # noqa: E402
 from .estimators import available_estimators, get_estimator  # noqa: E402
 from .evaluation import evaluate_context_scaling, evaluate_task_scaling, ood_task  # noqa: E402
 from .modeling import (  # noqa: E402
+    GDLanguageModelConfig,
     GDTransformerConfig,
+    GDTransformerForCausalLM,
     GDTransformerForInContextClassification,
     GPT2ForInContextRegression,
     GPT2ICLConfig,
@@ -29,6 +31,7 @@ from .modeling import (  # noqa: E402
     SGPTConfig,
     SGPTForInContextRegression,
     SGPTModel,
+    attention_parameter_counts,
     build_model,
     functional_gd_logits,
 )

@@ -3,7 +3,14 @@
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from .config_fields import check_config_kwargs
-from .gd_transformer import GDTransformerConfig, GDTransformerForInContextClassification, functional_gd_logits
+from .gd_transformer import (
+    GDLanguageModelConfig,
+    GDTransformerConfig,
+    GDTransformerForCausalLM,
+    GDTransformerForInContextClassification,
+    attention_parameter_counts,
+    functional_gd_logits,
+)
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
 from .heads import ICLHead, ICLOutput
 from .kernel_icl import KernelICLConfig, KernelICLForInContextRegression
@@ -43,6 +50,9 @@ for _config_class, _model_class in MODEL_CLASSES.values():
     AutoModel.register(_config_class, _model_class, exist_ok=True)
 # the linear-attention GPT is also a language model (constant-memory generation)
 AutoModelForCausalLM.register(LinearGPTConfig, LinearGPTForCausalLM, exist_ok=True)
+# the functional-GD language model (a causal LM only: it is not an ICL prompt model, so not in MODEL_CLASSES)
+AutoConfig.register(GDLanguageModelConfig.model_type, GDLanguageModelConfig, exist_ok=True)
+AutoModelForCausalLM.register(GDLanguageModelConfig, GDTransformerForCausalLM, exist_ok=True)
 
 
 def build_config(model_type: str, size: str | None = None, **config_fields):

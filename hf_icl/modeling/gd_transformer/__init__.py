@@ -1,8 +1,10 @@
 """The functional-GD transformer for categorical in-context learning (seed 004): blocks of two-head
 self-attention and cross-attention to the class embeddings that compute functional gradient descent exactly
-(:meth:`GDTransformerForInContextClassification.from_gd_construction`) or train from scratch, and the
-functional-GD reference itself (:func:`functional_gd_logits`)."""
+(:meth:`GDTransformerForInContextClassification.from_gd_construction`) or train from scratch, the
+functional-GD reference itself (:func:`functional_gd_logits`), and the functional-GD language model
+(:class:`GDTransformerForCausalLM`, the document's TinyStories model) with its generation cache."""
 
+from .configuration_gd_language_model import QK_FORMS, GDLanguageModelConfig
 from .configuration_gd_transformer import SIZE_PRESETS, GDTransformerConfig
 from .functional_gd import (
     KERNELS,
@@ -13,11 +15,20 @@ from .functional_gd import (
     kernel_weights,
     squared_distances,
 )
+from .layers import GDFeedForward
+from .modeling_gd_language_model import (
+    GDLanguageModelCache,
+    GDLanguageModelCacheLayer,
+    GDLanguageModelPreTrainedModel,
+    GDPositionKernel,
+    GDStep,
+    GDTransformerForCausalLM,
+    attention_parameter_counts,
+)
 from .modeling_gd_transformer import (
     CONSTRUCTION_ERASE_TEMPERATURE,
     GDClassEmbedding,
     GDCrossAttention,
-    GDFeedForward,
     GDSelfAttention,
     GDTransformerBlock,
     GDTransformerForInContextClassification,

@@ -22,7 +22,8 @@ A block (:class:`GDTransformerBlock`) is
 
 2. cross-attention (``expect``): queries from the state, keys and values from the centred class embeddings
    ``w_{e,c} − w̄_e`` (softmax over the C classes);
-3. optionally a feed-forward layer (LayerNorm, Linear, GELU, Linear), added to the state.
+3. optionally a feed-forward layer (:class:`~.layers.GDFeedForward`: LayerNorm, Linear, GELU, Linear), added to
+   the state.
 
 Logits are ``W_eᵀ f_i``: ``W_e`` (``d' × C``) is one parameter, used for the label slots, the cross-attention
 and the read-out. Every projection is a bias-free ``nn.Linear``, so the architecture trains from a random
@@ -60,6 +61,7 @@ from ..loading import BitExactLoadingMixin
 from ..prompts import check_model_prompt, check_no_backbone_kwargs
 from .configuration_gd_transformer import GDTransformerConfig
 from .functional_gd import causal_context_mask, context_counts, kernel_weights, squared_distances
+from .layers import GDFeedForward
 
 #: λ of head 2 in the GD construction: off-diagonal weights exp(−λ‖x_i − x_j‖²) underflow for ‖x_i − x_j‖² > ~1e-10
 CONSTRUCTION_ERASE_TEMPERATURE = 1e12
@@ -183,19 +185,6 @@ class GDCrossAttention(nn.Module):
         return self.output(weights @ self.value(columns))
 
 
-class GDFeedForward(nn.Module):
-    """LayerNorm, Linear, GELU, Linear on the state (added to it by the block)."""
-
-    def __init__(self, config: GDTransformerConfig):
-        super().__init__()
-        self.norm = nn.LayerNorm(config.state_width)
-        self.fc_in = nn.Linear(config.state_width, config.feed_forward_width)
-        self.fc_out = nn.Linear(config.feed_forward_width, config.state_width)
-
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        return self.fc_out(F.gelu(self.fc_in(self.norm(states))))
-
-
 class GDTransformerBlock(GradientCheckpointingLayer):
     """Self-attention (two heads), cross-attention to the class embeddings, optional feed-forward; each added to
     the state. The simplified block (``config.simplified``) is head 1 alone."""
@@ -204,7 +193,9 @@ class GDTransformerBlock(GradientCheckpointingLayer):
         super().__init__()
         self.self_attention = GDSelfAttention(config)
         self.cross_attention = None if config.simplified else GDCrossAttention(config)
-        self.feed_forward = GDFeedForward(config) if config.use_feed_forward else None
+        self.feed_forward = (
+            GDFeedForward(config.state_width, config.feed_forward_width) if config.use_feed_forward else None
+        )
 
     def forward(
         self, states: torch.Tensor, label_slots: torch.Tensor, class_embeddings: torch.Tensor
