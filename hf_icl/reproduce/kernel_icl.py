@@ -30,7 +30,7 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
-from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
+from .runs import Experiment, Report, log, quiet_progress, seed_interval, usable_cores, verdict
 from .seed_ensemble import SeedEnsemble
 
 PAPER = "kernel-icl"
@@ -175,7 +175,8 @@ def _load_group(run_dir: Path, spec: dict) -> tuple[list[torch.nn.Module], torch
     spec_file = run_dir / "spec.json"
     if not spec_file.is_file() or json.loads(spec_file.read_text()) != spec:
         return None
-    models = [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in spec["seeds"]]
+    with quiet_progress():
+        models = [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in spec["seeds"]]
     return models, load_file(run_dir / "losses.safetensors")["losses"]
 
 

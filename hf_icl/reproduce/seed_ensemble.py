@@ -37,6 +37,7 @@ from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from ..modeling import build_model
 from ..validation import check_float
+from .runs import quiet_progress
 
 #: the small constant torch.nn.utils.clip_grad_norm_ adds to the norm before dividing by it
 CLIP_EPS = 1e-6
@@ -169,15 +170,8 @@ class SeedEnsemble:
     def save_models(self, run_dir: str | Path) -> list[torch.nn.Module]:
         """``save_pretrained`` every seed's model to ``run_dir/seed{seed}`` (no progress bar per model: one-tick bars
         for every seed would bury the log); returns the models."""
-        from transformers.utils import logging as hf_logging
-
         models = self.models()
-        enabled = hf_logging.is_progress_bar_enabled()
-        hf_logging.disable_progress_bar()
-        try:
+        with quiet_progress():
             for seed, model in zip(self.seeds, models, strict=True):
                 model.save_pretrained(Path(run_dir) / f"seed{seed}")
-        finally:
-            if enabled:
-                hf_logging.enable_progress_bar()
         return models
