@@ -498,6 +498,20 @@ def test_gradients_reach_every_parameter(qk_form):
     assert len(list(model.parameters())) == 4 + maps + 2 + 6  # wte, wpe, 2 LNs; query/key maps; 2 steps; FF
 
 
+def test_a_fresh_model_predicts_nearly_uniformly():
+    """The layers that write into f start small enough for near-uniform logits (loss ≈ log V), with the feed-forward
+    layer too (measured 5.702 vs log 300 = 5.704; GPT-2's residual init of the step projections gives 6.9 here)."""
+    torch.manual_seed(0)
+    config = GDLanguageModelConfig(vocab_size=300, n_positions=32, embed_dim=128, n_heads=8, use_feed_forward=True)
+    model = GDTransformerForCausalLM(config)
+    ids = token_ids(4, 32, vocab=300)
+    with torch.no_grad():
+        loss = model(ids, labels=ids).loss.item()
+    assert loss == pytest.approx(math.log(300), abs=0.05)
+    std = model.steps[0].output.weight.std().item()
+    assert std == pytest.approx(0.02 / math.sqrt(2 * 1 * 8 * 128), rel=0.05)
+
+
 def repeated_patterns(n_sequences, length, seed, vocab=16, period=3):
     """Each sequence repeats its own random pattern of ``period`` tokens: predictable from the context only."""
     g = torch.Generator().manual_seed(seed)

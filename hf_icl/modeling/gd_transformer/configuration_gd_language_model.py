@@ -51,8 +51,10 @@ class GDLanguageModelConfig(PretrainedConfig):
         resid_pdrop: dropout on each step's update and on the feed-forward output.
         layer_norm_epsilon: of the embeddings' LayerNorms (no bias, as in the document's code) and of the
             feed-forward layer.
-        initializer_range: std of the embeddings, the query/key maps and the feed-forward weights; the step
-            projections get ``initializer_range / √(2 n_blocks)``.
+        initializer_range: std σ of the embeddings, the query/key maps and the feed-forward input layer; the layers
+            that write into f (the step projections, the feed-forward output layer) get ``σ / √(2 n_blocks fan_in)``,
+            so the logits start near uniform (the document's code gives the step projections GPT-2's
+            ``σ / √(2 n_blocks)``, which starts the loss far above log V).
         use_cache: return a :class:`~hf_icl.modeling.gd_transformer.GDLanguageModelCache` by default (eval mode).
         tie_word_embeddings: True (the read-out is the token embedding by construction; False is an error).
 

@@ -239,7 +239,7 @@ class GDStep(nn.Module):
     def __init__(self, config: GDLanguageModelConfig):
         super().__init__()
         self.output = nn.Linear(config.n_heads * config.embed_dim, config.embed_dim, bias=False)
-        self.output.is_gd_step_output = True  # initialised smaller, like GPT-2's residual projections
+        self.output.writes_latent = True  # initialised smaller (see _latent_writer_std)
         self.dropout = nn.Dropout(config.resid_pdrop)
 
     def forward(self, weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -253,9 +253,20 @@ class GDStep(nn.Module):
 # ------------------------------------------------------------------------------------------------------------
 
 
+def _latent_writer_std(config: GDLanguageModelConfig, fan_in: int) -> float:
+    """Init std of a layer that writes into f (a step projection, the feed-forward output): ``σ / √(2 K fan_in)``.
+
+    What such a layer reads has entries of size ≲ 1 (values ``e_j − E|f`` of LayerNormed embeddings, GELU units), so
+    it moves each entry of f by ≲ σ, and the logits ``LN(wte) f`` (rows of norm √d') start at ≲ σ√d': near uniform,
+    loss ≈ log V. GPT-2's ``σ / √(2K)`` (the document's code) starts them far larger (loss ≈ 25 rather than
+    log V ≈ 10.8 at the document's d' = 512, 8 heads), since nothing LayerNorms f before the read-out.
+    """
+    return config.initializer_range / (2 * config.n_blocks * fan_in) ** 0.5
+
+
 class GDLanguageModelPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
-    """Initialisation (embeddings, query/key maps, feed-forward ``N(0, initializer_range)``, step projections
-    ``N(0, initializer_range / √(2 n_blocks))``) and loading."""
+    """Initialisation (embeddings, query/key maps, feed-forward input ``N(0, initializer_range)``; the layers that
+    write into f ``N(0, initializer_range / √(2 n_blocks fan_in))``, so the logits start near uniform) and loading."""
 
     config_class = GDLanguageModelConfig
     base_model_prefix = "gd_language_model"
@@ -267,8 +278,8 @@ class GDLanguageModelPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
         # through transformers.initialization, so weights that from_pretrained just loaded are left alone
         std = self.config.initializer_range
         if isinstance(module, nn.Linear):
-            if getattr(module, "is_gd_step_output", False):
-                std = std / (2 * self.config.n_blocks) ** 0.5
+            if getattr(module, "writes_latent", False):
+                std = _latent_writer_std(self.config, module.in_features)
             init.normal_(module.weight, mean=0.0, std=std)
             if module.bias is not None:
                 init.zeros_(module.bias)
@@ -321,6 +332,8 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
             if config.use_feed_forward
             else None
         )
+        if self.feed_forward is not None:
+            self.feed_forward.fc_out.writes_latent = True
         self.feed_forward_dropout = nn.Dropout(config.resid_pdrop)
         self.post_init()
 
