@@ -383,6 +383,8 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         config = self.config
         batch, length = self._check_input_ids(input_ids)
+        if output_hidden_states is None:
+            output_hidden_states = config.output_hidden_states
         if use_cache is None:
             use_cache = config.use_cache and not self.training
         cache = past_key_values
@@ -403,9 +405,9 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
         positions = self.embedding_dropout(self.ln_position(self.wpe.weight))
         queries = self.kernel.queries(positions[query_index])  # (B or 1, H, L + 1, d')
         keys = self.kernel.keys(positions[key_index])  # (B or 1, H, L, d')
-        new_keys = keys
         if cache is not None:  # the cache holds every row's keys (B, ...), so the queries must match them
-            new_keys, queries = keys.expand(batch, -1, -1, -1), queries.expand(batch, -1, -1, -1)
+            keys, queries = keys.expand(batch, -1, -1, -1), queries.expand(batch, -1, -1, -1)
+            new_keys = keys
             new_real = torch.ones(batch, length, dtype=torch.bool, device=input_ids.device) if real is None else real
             if past:
                 keys = torch.cat((cache.keys, new_keys), dim=2)
