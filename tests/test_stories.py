@@ -335,6 +335,7 @@ def test_distinct_n_by_hand():
     assert math.isnan(distinct_n(texts, 5))
     assert math.isnan(distinct_n(["a", "a"], 2))  # n-grams never cross story boundaries
     assert distinct_n([[1, 2, 1, 2], [1, 2]], 2) == pytest.approx(2 / 4)  # token ids: (1,2) (2,1) (1,2) | (1,2)
+    assert distinct_n([torch.tensor([1, 2, 1, 2]), torch.tensor([1, 2])], 2) == pytest.approx(2 / 4)
     assert distinct_n(["Don't stop, don't!"], 1) == pytest.approx(4 / 5)  # don't stop , don't !
 
 

@@ -635,7 +635,10 @@ def story_tokens(text: str) -> list[str]:
 
 
 def _ngrams(story: str | Sequence, n: int) -> list[tuple]:
-    tokens = story_tokens(story) if isinstance(story, str) else list(story)
+    if isinstance(story, str):
+        tokens = story_tokens(story)
+    else:  # token ids; a tensor's elements would hash by identity, so compare its values
+        tokens = story.tolist() if hasattr(story, "tolist") else list(story)
     return [tuple(tokens[i : i + n]) for i in range(len(tokens) - n + 1)]
 
 
@@ -643,8 +646,8 @@ def distinct_n(texts: Sequence[str | Sequence[int]], n: int) -> float:
     """distinct-n: the number of distinct n-grams divided by the number of n-grams, over all ``texts``.
 
     N-grams do not cross story boundaries. A story is a string (counted in :func:`story_tokens`) or a
-    sequence of tokens (e.g. token ids). 1.0 means no n-gram occurs twice; repetitive generation drives it
-    towards 0. NaN when the texts hold no n-gram at all (the ratio is undefined, not 0 or 1).
+    sequence of tokens (e.g. token ids, a list or a 1-D tensor). 1.0 means no n-gram occurs twice; repetitive
+    generation drives it towards 0. NaN when the texts hold no n-gram at all (the ratio is undefined, not 0 or 1).
 
     >>> distinct_n(["the cat sat", "the cat ran"], 2)
     0.75

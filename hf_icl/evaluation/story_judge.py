@@ -239,8 +239,9 @@ def local_model_judge(model, tokenizer, max_new_tokens: int = 48, *, reply_prefi
 
     Meant for an offline run with e.g. SmolLM2-135M-Instruct (``AutoModelForCausalLM.from_pretrained(DIR,
     gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")``). It is NOT GPT-4o, and a 135M model is a poor grader: on
-    six stories here it answered the rubric in prose every time (nothing parsed), and with
-    ``reply_prefix="Grammar:"`` it gave the score lines once (1/1/1/1, for a well-formed template story).
+    six stories here it answered the rubric in prose every time (nothing parsed); with
+    ``reply_prefix="Grammar:"`` it gave the four score lines for one of six others (1/1/1/1, for a well-formed
+    template story).
     Report its numbers as "SmolLM2-135M stand-in judge" with the parsed count, never as GPT-4o scores.
     The four-line answer needs about 20 tokens; ``max_new_tokens`` leaves room for chatter around it.
 
