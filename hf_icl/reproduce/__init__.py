@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..validation import check_choice
-from . import kernel_icl, linear_attention, sgpt
+from . import gd_icl, kernel_icl, linear_attention, sgpt
 
 #: paper name -> its module (``EXPERIMENTS`` and ``run``)
-PAPERS = {"sgpt": sgpt, "linear-attention": linear_attention, "kernel-icl": kernel_icl}
+PAPERS = {"sgpt": sgpt, "linear-attention": linear_attention, "kernel-icl": kernel_icl, "gd-icl": gd_icl}
 
 
 def experiments(paper: str) -> dict:
