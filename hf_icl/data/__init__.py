@@ -1,4 +1,4 @@
-"""Task families, input distributions and ``datasets`` builders.
+"""Task families, input distributions, story corpora and ``datasets`` builders.
 
 The builders import ``datasets`` lazily, so ``import hf_icl.data`` stays light.
 """
@@ -11,6 +11,14 @@ from .inputs import (
     InputDistribution,
     UniformInputs,
     make_inputs,
+)
+from .stories import (  # stories.py imports datasets / tokenizers only inside the functions that need them
+    distinct_n,
+    generate_template_stories,
+    load_story_corpus,
+    pack_stories,
+    repetition_rate,
+    train_story_tokenizer,
 )
 from .tasks import (
     TASK_REGISTRY,

@@ -10,6 +10,9 @@
 * :func:`run_niah`, :func:`niah_methods`, :func:`summarize_niah`, :func:`write_niah_report`: needle-in-a-haystack
   passkey retrieval under dense and CAB attention (exact match, answer log-prob, attention preservation),
   resumable, with heatmaps (``hf-icl niah``).
+* :func:`judge_stories`, :func:`judge_prompt`, :func:`parse_scores`, :func:`aggregate_scores`,
+  :func:`local_model_judge`: grading generated stories (grammar, consistency, plot, creativity, 1–10) with a judge
+  model, the GD document's GPT-4o evaluation with the grader left open.
 
 Example::
 
@@ -33,6 +36,7 @@ from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_
 from .niah import NIAHMethod, greedy_answer, load_niah_results, niah_methods, run_niah
 from .niah_report import summarize_niah, write_niah_report
 from .ood import OOD_KINDS, ood_task
+from .story_judge import aggregate_scores, judge_prompt, judge_stories, local_model_judge, parse_scores
 from .task_scaling import TaskScalingResult, evaluate_task_scaling
 
 #: Names served by :mod:`.hf_metrics`, imported on first access (it needs evaluate + datasets).
@@ -56,17 +60,22 @@ __all__ = [
     "NIAHMethod",
     "PositionMetric",
     "TaskScalingResult",
+    "aggregate_scores",
     "bootstrap_band",
     "bootstrap_indices",
     "evaluate_context_scaling",
     "evaluate_task_scaling",
     "load_metric",
     "greedy_answer",
+    "judge_prompt",
+    "judge_stories",
     "load_niah_results",
+    "local_model_judge",
     "metric_for_task",
     "niah_methods",
     "normalizer_for",
     "ood_task",
+    "parse_scores",
     "predicted_labels",
     "run_niah",
     "summarize_niah",
