@@ -489,13 +489,17 @@ def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs
                 curve.append(trainer.step(xs, ys))
         if step % max(1, steps // 5) == 0:
             losses = ", ".join(
-                f"{spec.name} {float(curve[-1].mean()):.3f}" for spec, curve in zip(specs, curves, strict=True)
+                f"{spec.name} {float(curve[-1].mean()):.3f}"
+                for spec, curve in zip(specs, curves, strict=True)
+                if step <= spec.steps
             )
             log(f"  {stream.name} step {step}/{steps} ({time.perf_counter() - clock:.0f} s): {losses}")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one-tick bars per saved model would bury the log
     for spec, trainer, curve in zip(specs, trainers, curves, strict=True):
         run_dir = runs_dir / stream.name / spec.name
-        models = trainer.models()
-        for seed, model in zip(scale.seeds, models, strict=True):
+        for seed, model in zip(scale.seeds, trainer.models(), strict=True):
             model.save_pretrained(run_dir / f"seed{seed}")
         save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
         (run_dir / "spec.json").write_text(json.dumps(training_spec(scale, stream, spec), indent=1))  # marks it done
@@ -570,10 +574,14 @@ def query_metrics(logits: torch.Tensor, labels: torch.Tensor) -> tuple[float, fl
 
 
 @torch.no_grad()
-def model_query_metrics(model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, chunk: int = 1024):
+def query_logits(model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor, chunk: int = 1024) -> torch.Tensor:
+    """``model``'s logits ``(P, C)`` at the last position of prompts ``xs (P, N + 1, d)``, ``ys (P, N + 1)``."""
+    return torch.cat([model(xs[i : i + chunk], ys[i : i + chunk]).logits[:, -1] for i in range(0, len(xs), chunk)])
+
+
+def model_query_metrics(model: torch.nn.Module, xs: torch.Tensor, ys: torch.Tensor) -> tuple[float, float]:
     """Accuracy and NLL of ``model`` at the last position of prompts ``xs (P, N + 1, d)``, ``ys (P, N + 1)``."""
-    logits = torch.cat([model(xs[i : i + chunk], ys[i : i + chunk]).logits[:, -1] for i in range(0, len(xs), chunk)])
-    return query_metrics(logits, ys[:, -1])
+    return query_metrics(query_logits(model, xs, ys), ys[:, -1])
 
 
 def _pm(mean, half, digits: int = 3) -> str:
@@ -600,7 +608,8 @@ def synthetic_specs(scale: Scale, steps: int | None = None) -> list[ModelSpec]:
 
 
 def synthetic_eval_set(s: SyntheticScale, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(xs, ys, query logits of the true task)``: fresh tasks, drawn from the seed's evaluation stream."""
+    """``(xs, ys, query logits of the true task)``: fresh tasks from the evaluation stream of ``seed`` (a run uses
+    its first seed's for every seed)."""
     xs, ys, params = synthetic_task(s).sample(
         s.eval_prompts, s.n_context + 1, seed=EVAL_STREAM + seed, return_params=True
     )
@@ -610,9 +619,10 @@ def synthetic_eval_set(s: SyntheticScale, seed: int) -> tuple[torch.Tensor, torc
 def relevant_groups(n_blocks: int) -> list[str]:
     """The head groups of :func:`distance_to_construction` that change the logits in the construction: head 1 of
     every block; head 2 (erase) of every block but the first (the first block's scratch slot is still 0); the
-    cross-attention of every block but the last (the last expectation is never read)."""
+    cross-attention of every block but the last (the last expectation is never read), and so also no erase head in
+    the last block (what it clears would only be overwritten by an expectation nobody reads)."""
     groups = [f"blocks.{b}.update.{part}" for b in range(n_blocks) for part in ("qk", "ov")]
-    groups += [f"blocks.{b}.erase.{part}" for b in range(1, n_blocks) for part in ("qk", "ov")]
+    groups += [f"blocks.{b}.erase.{part}" for b in range(1, n_blocks - 1) for part in ("qk", "ov")]
     groups += [f"blocks.{b}.expect.{part}" for b in range(n_blocks - 1) for part in ("qk", "ov")]
     return groups
 
@@ -623,19 +633,32 @@ def synthetic(ctx: Context) -> None:
     specs = synthetic_specs(scale, ctx.steps)
     streams = [Stream("synthetic", n) for n in s.task_counts]
     trained = train_models(scale, [(st, sp) for st in streams for sp in specs], ctx.runs_dir, ctx.retrain, ctx.workers)
-    eval_sets = [synthetic_eval_set(s, seed) for seed in scale.seeds]
+    # one evaluation set for every seed and model: the seeds' intervals measure training, and comparisons are paired
+    eval_sets = [synthetic_eval_set(s, scale.seeds[0])] * len(scale.seeds)
     # metrics[name]["accuracy"|"nll"][L index][seed]
     metrics = {spec.name: {"accuracy": [], "nll": []} for spec in specs}
     distances = {spec.name: [] for spec in specs if spec.kind == "trained"}
+    # agreement[name][L index][seed]: how often a trained model's top-1 class is its GD counterpart's
+    agreement = {spec.name: [] for spec in specs if spec.kind == "trained" and _counterpart(specs, spec)}
+    gd_learned = {spec.name: [] for spec in specs if spec.kind == "gd"}  # [L index][seed] learned η and h
     log(f"evaluating on {s.eval_prompts} fresh tasks per seed")
     for stream in streams:
+        logits = {}
         for spec in specs:
             models = trained[stream, spec]
-            scores = [model_query_metrics(m, xs, ys) for m, (xs, ys, _) in zip(models, eval_sets, strict=True)]
+            logits[spec.name] = [query_logits(m, xs, ys) for m, (xs, ys, _) in zip(models, eval_sets, strict=True)]
+            scores = [query_metrics(lg, ys[:, -1]) for lg, (_, ys, _) in zip(logits[spec.name], eval_sets, strict=True)]
             metrics[spec.name]["accuracy"].append([a for a, _ in scores])
             metrics[spec.name]["nll"].append([n for _, n in scores])
             if spec.kind == "trained":
                 distances[spec.name].append([distance_to_construction(m) for m in models])
+            else:
+                gd_learned[spec.name].append([learned_values(m) for m in models])
+        for name in agreement:
+            reference = logits[_counterpart(specs, next(sp for sp in specs if sp.name == name)).name]
+            agreement[name].append(
+                [_mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(logits[name], reference, strict=True)]
+            )
     references = {
         "oracle accuracy": [query_metrics(signal, ys[:, -1])[0] for _, ys, signal in eval_sets],
         "oracle NLL": [query_metrics(signal, ys[:, -1])[1] for _, ys, signal in eval_sets],
@@ -657,13 +680,21 @@ def synthetic(ctx: Context) -> None:
         "references": references,
         "distances": distances,
         "init_distances": init_distances,
+        "agreement_with_gd": agreement,
+        "gd_learned": gd_learned,
     }
     _synthetic_tables(ctx, specs, metrics, references)
-    _distance_table(ctx, specs, distances, init_distances)
+    _learned_table(ctx, specs, gd_learned)
+    _distance_table(ctx, specs, distances, init_distances, agreement)
     from . import gd_icl_plots as plots
 
     plots.add_synthetic_figures(report, s.task_counts, specs, metrics, references)
-    _synthetic_claims(ctx, specs, metrics, distances, init_distances)
+    _synthetic_claims(ctx, specs, metrics, distances, init_distances, agreement)
+
+
+def _counterpart(specs: Sequence[ModelSpec], spec: ModelSpec) -> ModelSpec | None:
+    """The GD model with a trained model's kernel and depth, if the study has one."""
+    return next((s for s in specs if s.kind == "gd" and (s.kernel, s.n_blocks) == (spec.kernel, spec.n_blocks)), None)
 
 
 def _synthetic_tables(ctx: Context, specs, metrics, references) -> None:
@@ -684,6 +715,27 @@ def _synthetic_tables(ctx: Context, specs, metrics, references) -> None:
         )
 
 
+def _learned_table(ctx: Context, specs, gd_learned) -> None:
+    s = ctx.scale.synthetic
+    header = "| model | " + " | ".join(f"L = {n}" for n in s.task_counts) + " |\n|---|" + "---|" * len(s.task_counts)
+    rows = []
+    for spec in specs:
+        if spec.kind != "gd":
+            continue
+        cells = [
+            f"η {_pm(*_stats([v['step_size'] for v in per_seed]), digits=2)}, "
+            f"h {_pm(*_stats([v['bandwidth'] for v in per_seed]), digits=2)}"
+            for per_seed in gd_learned[spec.name]
+        ]
+        rows.append(f"| {spec.label} | " + " | ".join(cells) + " |")
+    ctx.report.add(
+        "## Synthetic: what the GD models learned\n\nA GD model is the construction with three things learned from "
+        "the training prompts: the class embeddings W_e (d' × C), the step size η (shared by every block) and the "
+        "kernel bandwidth h (initial η = 1, h = 1, W_e ~ N(0, 1/d')). Mean over seeds ± 95 % t interval.\n\n"
+        f"{header}\n" + "\n".join(rows)
+    )
+
+
 def _mean_relevant(result: dict[str, float], n_blocks: int, head: str) -> float:
     values = [result[g] for g in relevant_groups(n_blocks) if f".{head}." in g]
     return sum(values) / len(values) if values else math.nan
@@ -698,7 +750,7 @@ def _relevant_distance(result: dict[str, float], n_blocks: int) -> float:
     return sum(result[g] for g in groups) / len(groups)
 
 
-def _distance_table(ctx: Context, specs, distances, init_distances) -> None:
+def _distance_table(ctx: Context, specs, distances, init_distances, agreement) -> None:
     s = ctx.scale.synthetic
     rows = []
     for spec in specs:
@@ -706,21 +758,28 @@ def _distance_table(ctx: Context, specs, distances, init_distances) -> None:
             continue
         per_l = [("init", init_distances[spec.name])]
         per_l += list(zip((f"L = {n}" for n in s.task_counts), distances[spec.name], strict=True))
-        for where, results in per_l:
+        agreed = [None, *agreement[spec.name]] if spec.name in agreement else [None] * len(per_l)
+        for (where, results), same in zip(per_l, agreed, strict=True):
             cells = []
             for head in HEAD_GROUPS:
                 values = [_mean_relevant(r, spec.n_blocks, head) for r in results]
                 cells.append("—" if math.isnan(values[0]) else _pm(*_stats(values), digits=2))
+            cells.append("—" if same is None else _pm(*_stats(same), digits=2))
             rows.append(f"| {spec.label} | {where} | " + " | ".join(cells) + " |")
     ctx.report.add(
         "## Synthetic: distance of the trained parameters from the GD construction\n\n"
         "`distance_to_construction`: for each head, the fraction of its score form (qk) and value-output map (ov) "
         "that the construction's pattern, at the best positive scale, does not explain (0: the construction, 1: "
         "nothing of it). Averaged over qk and ov and over the blocks where the head changes the logits in the "
-        "construction (head 1 everywhere; the erase head after the first block; the cross-attention before the "
-        "last); mean over seeds ± 95 % t interval. 'init' is the random initialisation. Every number per block is "
-        "in results.json.\n\n| model | when | head 1 (update) | head 2 (erase) | cross-attention (expect) |\n"
-        "|---|---|---|---|---|\n" + "\n".join(rows)
+        "construction (head 1 everywhere; the erase head in every block but the first and the last; the "
+        "cross-attention in every block but the last); mean over seeds ± 95 % t interval. 'init' is the random "
+        "initialisation. Every number per block is in results.json. "
+        "The distance does not remove every symmetry: a model that maps the label embedding "
+        "through any M with the same W_eᵀ M W_e computes the same function and looks far; so the last column "
+        "compares functions instead, the share of fresh tasks on which the trained model's top-1 class is that of "
+        "the GD model with its kernel and depth (same L, same seed).\n\n"
+        "| model | when | head 1 (update) | head 2 (erase) | cross-attention (expect) | top-1 agreement with GD |\n"
+        "|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
 
 
@@ -733,7 +792,7 @@ def _converged_at_smallest(accuracy: list[list[float]]) -> tuple[bool, float, fl
     return means[0] >= means[best] - slack, means[0], means[best]
 
 
-def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances) -> None:
+def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances, agreement) -> None:
     s, report = ctx.scale.synthetic, ctx.report
     counts = list(s.task_counts)
     by = {(spec.kind, spec.kernel, spec.n_blocks): spec for spec in specs}
@@ -795,7 +854,7 @@ def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances) -
         "; ".join(parts),
         verdict(ok, testable=tested),
     )
-    _alignment_claim(ctx, by, metrics, distances, init_distances)
+    _alignment_claim(ctx, by, metrics, distances, init_distances, agreement)
 
 
 def _needs_more_tasks_claim(ctx: Context, by, metrics, blocks: int, threshold: int, kernels) -> None:
@@ -827,7 +886,7 @@ def _needs_more_tasks_claim(ctx: Context, by, metrics, blocks: int, threshold: i
     )
 
 
-def _alignment_claim(ctx: Context, by, metrics, distances, init_distances) -> None:
+def _alignment_claim(ctx: Context, by, metrics, distances, init_distances, agreement) -> None:
     counts, chance = ctx.scale.synthetic.task_counts, 1 / ctx.scale.synthetic.n_classes
     parts, ok, learned_all = [], True, True
     for (kind, kernel, blocks), spec in by.items():
@@ -841,7 +900,8 @@ def _alignment_claim(ctx: Context, by, metrics, distances, init_distances) -> No
         final_mean = _mean([_relevant_distance(r, blocks) for r in distances[spec.name][-1]])
         start_mean = _mean([_relevant_distance(r, blocks) for r in init_distances[spec.name]])
         ok &= final_mean <= ALIGNED and final_mean < start_mean
-        parts.append(f"{spec.label}: {start_mean:.2f} at init → {final_mean:.2f} at L = {counts[-1]}")
+        same = f", top-1 agreement with GD {_mean(agreement[spec.name][-1]):.2f}" if spec.name in agreement else ""
+        parts.append(f"{spec.label}: {start_mean:.2f} at init → {final_mean:.2f} at L = {counts[-1]}{same}")
     if not parts:
         return
     ctx.report.claim(
@@ -1014,31 +1074,23 @@ def features(ctx: Context) -> None:
     accuracy = {spec.name: [] for spec in specs} | {"linear_probe": []}
     nll = {name: [] for name in accuracy}
     learned = {spec.name: [] for spec in specs}
-    log(f"evaluating on {f.eval_episodes} test-class episodes per seed (and linear probing on each)")
-    for i, seed in enumerate(scale.seeds):
-        episodes = sample_episodes(
-            data, labels, f.eval_episodes, n_ways=f.n_ways, n_shots=f.n_shots, n_queries=f.n_queries,
-            classes=f.test_classes, seed=EVAL_STREAM + seed,
-        )  # fmt: skip
-        xs, ys = episodes.prompts()
-        for spec in specs:
-            model = trained[stream, spec][i]
+    log(f"evaluating on {f.eval_episodes} test-class episodes (and linear probing on each)")
+    episodes = feature_eval_episodes(f, scale.seeds[0])  # the same episodes for every seed and method
+    xs, ys = episodes.prompts()
+    for spec in specs:
+        for model in trained[stream, spec]:
             a, n = model_query_metrics(model, xs, ys)
             accuracy[spec.name].append(a)
             nll[spec.name].append(n)
             learned[spec.name].append(learned_values(model))
-        probabilities = linear_probe(episodes).reshape(-1, f.n_ways)
-        a, n = query_metrics(probabilities.clamp_min(1e-12).log(), episodes.query_y.reshape(-1))
-        accuracy["linear_probe"].append(a)
-        nll["linear_probe"].append(n)
+    probabilities = linear_probe(episodes).reshape(-1, f.n_ways)  # no seed: one fit per episode, deterministic
+    a, n = query_metrics(probabilities.clamp_min(1e-12).log(), episodes.query_y.reshape(-1))
+    accuracy["linear_probe"].append(a)
+    nll["linear_probe"].append(n)
     labels_of = {spec.name: spec.label for spec in specs} | {"linear_probe": "linear probing (per episode)"}
     rows = [
         f"| {labels_of[name]} | {_pm(*_stats(accuracy[name]))} | {_pm(*_stats(nll[name]))} | "
-        + (
-            ", ".join(f"η = {v['step_size']:.2f}, h = {v['bandwidth']:.2f}" for v in learned[name])
-            if name in learned
-            else "a fit per episode"
-        )
+        + (_learned_text(learned[name]) if name in learned else "a fit per episode")
         + " |"
         for name in accuracy
     ]
@@ -1046,16 +1098,33 @@ def features(ctx: Context) -> None:
         f"## Features: {f.n_ways}-way {f.n_shots}-shot episodes of held-out digit classes {list(f.test_classes)}\n\n"
         f"Digits (scikit-learn's bundled 8×8 images) through PCA-{f.n_components} fitted on the training classes "
         f"{list(f.train_classes)} only; GD models trained on training-class episodes, then evaluated without any "
-        f"fitting on {f.eval_episodes} test episodes × {f.n_queries} queries per seed; linear probing is a logistic "
-        "regression fitted on each test episode's context. Mean over seeds ± 95 % t interval; the learned step size "
-        "η and bandwidth h per seed.\n\n| method | top-1 accuracy | NLL | learned |\n|---|---|---|---|\n"
-        + "\n".join(rows)
+        f"fitting on {f.eval_episodes} test episodes × {f.n_queries} queries (the same for every seed and method); "
+        "linear probing is a logistic regression fitted on each test episode's context (deterministic: one number). "
+        "GD: mean over seeds ± 95 % t interval; the learned step size η and bandwidth h of each seed.\n\n"
+        "| method | top-1 accuracy | NLL | learned |\n|---|---|---|---|\n" + "\n".join(rows)
     )
     report.numbers["features"] = {"accuracy": accuracy, "nll": nll, "learned": learned}
     from . import gd_icl_plots as plots
 
     plots.add_feature_figure(report, accuracy, labels_of)
     _feature_claims(ctx, specs, accuracy)
+
+
+def feature_eval_episodes(f: FeatureScale, seed: int) -> Episodes:
+    """The held-out-class episodes every method is scored on (drawn from the evaluation stream of ``seed``)."""
+    data, labels = digit_features(f.train_classes, f.n_components)
+    return sample_episodes(
+        data, labels, f.eval_episodes, n_ways=f.n_ways, n_shots=f.n_shots, n_queries=f.n_queries,
+        classes=f.test_classes, seed=EVAL_STREAM + seed,
+    )  # fmt: skip
+
+
+def _learned_text(values: list[dict[str, float]]) -> str:
+    """``η 0.79 / 0.82; h 0.19 / 0.20`` over the seeds."""
+    return "; ".join(
+        f"{symbol} " + " / ".join(f"{v[key]:.3g}" for v in values)
+        for symbol, key in (("η", "step_size"), ("h", "bandwidth"))
+    )
 
 
 def learned_values(model: GDTransformerForInContextClassification) -> dict[str, float]:
