@@ -3,6 +3,7 @@ generation against loops written out here, and the claims' arithmetic on made-up
 
 from __future__ import annotations
 
+import doctest
 import json
 import math
 from pathlib import Path
@@ -93,6 +94,22 @@ def test_a_tiny_run_writes_a_report_with_every_claim(tiny_run):
     assert numbers["vocab_size"] <= 320
     for prompt in numbers["prompts"]:
         assert f"**{prompt}**" in text  # sample stories in the report
+
+
+def test_a_local_corpus_file_and_the_saved_tokenizer(tmp_path):
+    from transformers import AutoTokenizer
+
+    from hf_icl.data.stories import generate_template_stories
+
+    path = tmp_path / "stories.jsonl"
+    texts = [story.text for story in generate_template_stories(40, seed=9)]
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    report = run_tiny(tmp_path / "out", corpus=path, steps=2)
+    numbers = report.numbers["stories"]
+    assert numbers["corpus"] == f"local stories from {str(path)!r}" and str(path) in report.size
+    assert all(any(prompt in text for text in texts) for prompt in numbers["prompts"])  # prompts from the file
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out" / "runs" / "stories" / "tokenizer")
+    assert len(tokenizer) == numbers["vocab_size"] and tokenizer.decode(tokenizer(texts[0])["input_ids"]) == texts[0]
 
 
 def test_the_judge_grades_each_models_sampled_stories(tiny_run):
@@ -274,3 +291,7 @@ def test_validation_perplexity_of_a_uniform_model_is_the_vocabulary_size():
 
     loss, ppl = module.validation_perplexity(Uniform(), torch.randint(37, (5, 9)), batch_size=2)
     assert loss == pytest.approx(math.log(37)) and ppl == pytest.approx(37.0)
+
+
+def test_docstring_examples_run():
+    assert doctest.testmod(module, raise_on_error=True).attempted >= 10

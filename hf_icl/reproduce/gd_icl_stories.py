@@ -54,9 +54,8 @@ from .runs import Report, log, quiet_progress, verdict
 TITLE = "language generation: Softmax GD, Softmax GD + FF and a one-layer transformer on stories"
 #: model name -> its label in the report
 MODELS = {"softmax_gd": "Softmax GD", "softmax_gd_ff": "Softmax GD + FF", "transformer": "Transformer (1 layer)"}
-#: the document's model (d' = 512, 8 heads) and its counts: "8K attention parameters" vs "6M"
+#: the document's model (d' = 512, 8 heads) and its "8K attention parameters" vs "6M": about 0.13 %
 DOCUMENT_WIDTH, DOCUMENT_HEADS = 512, 8
-DOCUMENT_GD_ATTENTION, DOCUMENT_TRANSFORMER_ATTENTION = 8_192, 6_000_000
 DOCUMENT_RATIO_PERCENT = 0.13
 #: the tolerances that turn "competes closely" and "almost equals" into numbers (validation perplexity ratios)
 COMPETES_CLOSELY, ALMOST_EQUAL = 1.25, 1.1
@@ -64,7 +63,7 @@ COMPETES_CLOSELY, ALMOST_EQUAL = 1.25, 1.1
 WELL_BELOW = 0.8
 #: the claims on perplexity need a transformer that learned: perplexity below this share of the vocabulary size
 LEARNED = 0.5
-#: the n of distinct-n that judges repetition, and the n of the within-story repetition rate
+#: the n of the distinct-n that judges repetition (the within-story repetition rate, reported beside it, counts 3-grams)
 REPETITION_N = 2
 #: judged with a judge: GD "competes closely" within this many points of the transformer's mean score, "almost equal"
 SCORE_CLOSE, SCORE_ALMOST_EQUAL = 1.0, 0.5
@@ -75,7 +74,11 @@ class StoriesScale:
     """Sizes of a run. ``n_stories``: template stories generated (a path or TinyStories: at most that many kept);
     ``vocab_size``: the tokenizer's upper bound (the corpus may support fewer); ``context``: tokens per block, the
     models' context; ``compare_words``: the words of each continuation (and of the validation text after the same
-    prompt) that the repetition metrics compare."""
+    prompt) that the repetition metrics compare.
+
+    >>> StoriesScale(embed_dim=64, n_heads=4).describe(steps=100).split(";")[0]
+    "width d' = 64, 4 heads, context 128 tokens, GD 1 step(s)"
+    """
 
     n_stories: int = 2000
     validation_fraction: float = 0.05
@@ -122,10 +125,12 @@ class StoriesScale:
         )
 
 
-#: the CPU default: about 6 minutes of training (three models × 600 steps at ~0.15 s a step on one core of the 2-core
-#: VM) on 2000 template stories (~250k training tokens, a tokenizer of ~1.2k tokens: all the grammar supports)
+#: the CPU default: 2000 template stories (~250k training tokens; the tokenizer stops at ~1.2k tokens, all the grammar
+#: supports), 600 steps per model. Measured on one core of the shared 2-core VM (OMP_NUM_THREADS=1): 5.0 min in all,
+#: training 86 s (GD), 147 s (GD + FF) and 61 s (transformer)
 CPU = StoriesScale()
-#: ``full=True``: the document's width and heads, a longer context, the largest vocabulary the corpus supports
+#: ``full=True``: the document's width and heads, a longer context, the largest vocabulary the corpus supports (up to
+#: GPT-2's 50,257). A GPU run: on one CPU core a step of the three models takes ~17 s (about 14 hours for 3000 steps)
 FULL = StoriesScale(
     n_stories=20_000,
     vocab_size=50_257,
@@ -168,13 +173,16 @@ def prepare_data(scale: StoriesScale, corpus: str | Path | None, seed: int) -> S
     digest = hashlib.sha256(tokenizer.backend_tokenizer.to_str().encode())
     for text in (*train_texts, "\x00", *validation_texts):  # the blocks follow from the texts and the tokenizer
         digest.update(text.encode() + b"\x00")
+    with _quiet_transformers():  # a story longer than the context is expected here (blocks cut it), no warning
+        train_blocks = pack_stories(train_texts, tokenizer, scale.context)
+        validation_blocks = pack_stories(validation_texts, tokenizer, scale.context)
     return StoryData(
         description=description,
         train_texts=train_texts,
         validation_texts=validation_texts,
         tokenizer=tokenizer,
-        train_blocks=pack_stories(train_texts, tokenizer, scale.context),
-        validation_blocks=pack_stories(validation_texts, tokenizer, scale.context),
+        train_blocks=train_blocks,
+        validation_blocks=validation_blocks,
         fingerprint=digest.hexdigest()[:16],
     )
 
@@ -339,13 +347,14 @@ def _load_run(run_dir: Path, spec: dict):
 
 
 def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrain: bool):
-    """The finished run in ``runs_dir / name`` when its spec is unchanged (and not ``retrain``), else a new one."""
+    """``(model, curve, reused)``: the finished run in ``runs_dir / name`` when its spec is unchanged (and not
+    ``retrain``), else a new one; the curve holds the training time (``"seconds"``) of the run that made it."""
     run_dir = runs_dir / name
     spec = run_spec(name, fields, data, scale, steps, seed)
     loaded = None if retrain else _load_run(run_dir, spec)
     if loaded is not None:
         log(f"reusing {run_dir} (trained with the same spec)")
-        return (*loaded, None)
+        return (*loaded, True)
     log(f"training {MODELS[name]}: {steps} steps × {scale.batch_size} blocks of {scale.context} tokens")
     started = time.perf_counter()
     model, curve = train_model(name, fields, data, scale, steps, seed, run_dir)
@@ -355,13 +364,21 @@ def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrai
         model.save_pretrained(run_dir)
     (run_dir / "curve.json").write_text(json.dumps({**curve, "seconds": seconds}))
     (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))  # written last: marks the run finished
-    return model, {**curve, "seconds": seconds}, seconds
+    return model, {**curve, "seconds": seconds}, False
 
 
 # -- measurements ----------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def validation_perplexity(model: torch.nn.Module, blocks: torch.Tensor, batch_size: int = 32) -> tuple[float, float]:
-    """``(mean next-token loss, perplexity = exp(loss))`` over every predicted token of the packed ``blocks``."""
+    """``(mean next-token loss, perplexity = exp(loss))`` over every predicted token of the packed ``blocks``.
+
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> config = GPT2Config(vocab_size=50, n_positions=8, n_embd=8, n_layer=1, n_head=2, bos_token_id=0, eos_token_id=0)
+    >>> model = GPT2LMHeadModel(config).eval()
+    >>> loss, perplexity = validation_perplexity(model, torch.randint(50, (3, 8)))
+    >>> abs(perplexity - math.exp(loss)) < 1e-9
+    True
+    """
     device = next(model.parameters()).device
     total, count = 0.0, 0
     for batch in blocks.split(batch_size):
@@ -375,7 +392,11 @@ def validation_perplexity(model: torch.nn.Module, blocks: torch.Tensor, batch_si
 
 def story_prompts(texts: Sequence[str], n_prompts: int, n_words: int) -> list[tuple[str, str]]:
     """``(prompt, rest)`` of the first ``n_prompts`` stories with more than ``n_words`` words: the first ``n_words``
-    words (as written) and the text after them."""
+    words (as written) and the text after them.
+
+    >>> story_prompts(["Tom had a ball. He ran.", "Short."], n_prompts=2, n_words=3)
+    [('Tom had a', ' ball. He ran.')]
+    """
     pairs = []
     for text in texts:
         words = text.split()
@@ -418,7 +439,12 @@ def generate_continuations(model, tokenizer, prompts: Sequence[str], scale: Stor
 
 def repetition_metrics(texts: Sequence[str], words: int) -> dict[str, float]:
     """distinct-1/2/3 over the first ``words`` words of every text (pooled), the mean within-story repetition rate of
-    their 3-grams, and the mean length in words (before the cut)."""
+    their 3-grams, and the mean length in words (before the cut).
+
+    >>> metrics = repetition_metrics(["the dog ran and the dog ran", "a cat sat"], words=60)
+    >>> metrics["distinct_1"], metrics["repetition_3"]
+    (0.7, 0.1)
+    """
     cut = [story_tokens(text)[:words] for text in texts]
     rates = [rate for tokens in cut if not math.isnan(rate := repetition_rate(tokens, 3))]
     metrics = {f"distinct_{n}": distinct_n(cut, n) for n in (1, 2, 3)}
@@ -430,7 +456,11 @@ def repetition_metrics(texts: Sequence[str], words: int) -> dict[str, float]:
 # -- claims ----------------------------------------------------------------------------------------------------------
 def full_width_attention(width: int, heads: int) -> int:
     """Query, key and value maps of ``heads`` heads that each read and write the full width (no biases):
-    ``3 · heads · width²``, the reading under which the document's one-layer transformer has "6M" (6,291,456)."""
+    ``3 · heads · width²``, the reading under which the document's one-layer transformer has "6M" (6,291,456).
+
+    >>> full_width_attention(512, 8)
+    6291456
+    """
     return 3 * heads * width * width
 
 
@@ -453,7 +483,11 @@ def document_size_counts() -> dict[str, int]:
 
 def parameter_claims(counts: dict[str, int]) -> list[tuple[str, str, str, str]]:
     """The "0.13 %" claim under both readings of the transformer's count (``counts`` from
-    :func:`document_size_counts`); ~0.13 % means it rounds to 0.13 %."""
+    :func:`document_size_counts`); ~0.13 % means it rounds to 0.13 %.
+
+    >>> [row[3] for row in parameter_claims({"gd": 8192, "full_width_heads": 6291456, "gpt2_layer": 787968})]
+    ['holds', 'does not hold']
+    """
     rows = []
     document = f"8K attention parameters vs 6M: about {DOCUMENT_RATIO_PERCENT} %"
     for key, reading in (
@@ -478,7 +512,12 @@ def perplexity_claims(perplexity: dict[str, float], vocab_size: int) -> list[tup
     """GD competes closely (within :data:`COMPETES_CLOSELY` × the transformer's validation perplexity), GD + FF almost
     equals it (within :data:`ALMOST_EQUAL` ×), and FF helps GD (lower perplexity). Not testable unless the
     transformer learned something: perplexity below :data:`LEARNED` × the uniform guess's (``vocab_size``), since
-    untrained models "compete closely" with each other at any tolerance."""
+    untrained models "compete closely" with each other at any tolerance.
+
+    >>> rows = perplexity_claims({"softmax_gd": 12.0, "softmax_gd_ff": 11.5, "transformer": 10.0}, vocab_size=1000)
+    >>> [row[3] for row in rows]
+    ['holds', 'does not hold', 'holds']
+    """
     gd, gd_ff, transformer = (perplexity[name] for name in MODELS)
     testable = transformer < LEARNED * vocab_size
     rows = [
@@ -510,7 +549,12 @@ def perplexity_claims(perplexity: dict[str, float], vocab_size: int) -> list[tup
 def repetition_claim(greedy: dict[str, dict[str, float]], reference: dict[str, float]) -> tuple[str, str, str, str]:
     """Repetition is the typical failure mode: every model's greedy distinct-:data:`REPETITION_N` is below
     :data:`WELL_BELOW` × the validation text's (same prompts, same number of words). ``greedy`` and ``reference``
-    are :func:`repetition_metrics`; the within-story rates are reported beside, not judged."""
+    are :func:`repetition_metrics`; the within-story rates are reported beside, not judged.
+
+    >>> greedy = {name: {"distinct_2": 0.2, "repetition_3": 0.1} for name in MODELS}
+    >>> repetition_claim(greedy, {"distinct_2": 0.5, "repetition_3": 0.0})[3]
+    'holds'
+    """
     key = f"distinct_{REPETITION_N}"
     ratios = {name: greedy[name][key] / reference[key] for name in MODELS}
     measured = "; ".join(f"{MODELS[name]} {greedy[name][key]:.3f} ({ratio:.2f}×)" for name, ratio in ratios.items())
@@ -530,7 +574,11 @@ def repetition_claim(greedy: dict[str, dict[str, float]], reference: dict[str, f
 def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple[str, str, str, str]]:
     """The GPT-4o grading claims: "not testable at this size" without a judge; with one, GD's mean score (over the
     four criteria) within :data:`SCORE_CLOSE` points of the transformer's, GD + FF's within
-    :data:`SCORE_ALMOST_EQUAL`, judged only when at least half of each model's stories got four parsed scores."""
+    :data:`SCORE_ALMOST_EQUAL`, judged only when at least half of each model's stories got four parsed scores.
+
+    >>> [row[3] for row in judge_claims(None, "no judge")]
+    ['not testable at this size', 'not testable at this size']
+    """
     rows = []
     for name, label, tolerance, document in (
         ("softmax_gd", "competes closely with", SCORE_CLOSE, "competes closely with the transformer"),
@@ -557,7 +605,11 @@ def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple[
 
 
 def mean_score(summary: dict) -> float:
-    """The mean of the four criteria's means (NaN when no story parsed)."""
+    """The mean of the four criteria's means (NaN when no story parsed).
+
+    >>> mean_score({"grammar": 8.0, "consistency": 6.0, "plot": 5.0, "creativity": 5.0})
+    6.0
+    """
     values = [summary[name] for name in CRITERIA]
     return math.nan if any(value is None for value in values) else sum(values) / len(values)
 
@@ -586,7 +638,8 @@ def stories(
 
     Args:
         report: the report to fill (its ``size`` is replaced by this experiment's sizes).
-        runs_dir: where the trained models live (``runs_dir / "stories" / <model>``, reused when unchanged).
+        runs_dir: where the trained models live (``runs_dir / "stories" / <model>``, reused when unchanged), and
+            their tokenizer (``runs_dir / "stories" / "tokenizer"``).
         full: the document-like sizes (:data:`FULL`) instead of the CPU default (:data:`CPU`).
         retrain: train even when a finished run with the same spec exists.
         steps: training steps of every model (default: the scale's).
@@ -610,10 +663,12 @@ def stories(
     report.numbers["stories_scale"] = {**asdict(scale), "steps": steps, "seed": seed}
     log(f"stories: {size}")
 
+    runs_dir.mkdir(parents=True, exist_ok=True)
+    data.tokenizer.save_pretrained(runs_dir / "tokenizer")  # the models' tokenizer, beside them
     fields = model_fields(scale, data.tokenizer)
-    models, curves, seconds = {}, {}, {}
+    models, curves, reused = {}, {}, {}
     for name in MODELS:
-        models[name], curves[name], seconds[name] = train_or_load(
+        models[name], curves[name], reused[name] = train_or_load(
             name, fields[name], data, scale, steps, seed, runs_dir, retrain
         )
     counts = {name: attention_parameter_counts(model) for name, model in models.items()}
@@ -651,8 +706,8 @@ def stories(
             for name in MODELS
         }
 
-    _report_counts(report, counts, fields, scale)
-    _report_perplexity(report, perplexity, counts, seconds, curves)
+    _report_counts(report, counts, scale)
+    _report_perplexity(report, perplexity, counts, curves, reused)
     _report_repetition(report, repetition, reference, scale)
     if scores is not None:
         _report_scores(report, scores, judge_name)
@@ -693,7 +748,7 @@ def _describe_size(scale: StoriesScale, steps: int, data: StoryData) -> str:
 
 
 # -- report sections -------------------------------------------------------------------------------------------------
-def _report_counts(report: Report, counts: dict, fields: dict, scale: StoriesScale) -> None:
+def _report_counts(report: Report, counts: dict, scale: StoriesScale) -> None:
     document = document_size_counts()
     lines = [
         f"### Attention parameters (d' = {scale.embed_dim}, {scale.n_heads} heads, this run)",
@@ -714,12 +769,11 @@ def _report_counts(report: Report, counts: dict, fields: dict, scale: StoriesSca
     report.add("\n".join(lines))
 
 
-def _report_perplexity(report: Report, perplexity: dict, counts: dict, seconds: dict, curves: dict) -> None:
+def _report_perplexity(report: Report, perplexity: dict, counts: dict, curves: dict, reused: dict) -> None:
     reference = perplexity["transformer"][1]
     rows = []
     for name, (loss, ppl) in perplexity.items():
-        took = seconds[name] if seconds[name] is not None else curves[name].get("seconds")
-        took = "reused" if took is None else f"{took:.0f} s" + ("" if seconds[name] is not None else " (reused)")
+        took = f"{curves[name]['seconds']:.0f} s" + (" (reused)" if reused[name] else "")
         rows.append(
             f"| {MODELS[name]} | {loss:.4f} | {ppl:.3f} | {ppl / reference:.3f}× | "
             f"{counts[name]['non_embedding']:,} | {took} |"
