@@ -145,14 +145,17 @@ class Scale:
                 f"{list(s.task_counts)} ({counted}); GD {_models(s.gd_models)} {s.gd_steps} steps (Adam "
                 f"{s.gd_learning_rate:g}); trained {_models(s.trained_models)} {s.trained_steps} steps "
                 f"(Adam {s.trained_learning_rate:g}); batch {s.batch_size}; {s.eval_prompts} fresh evaluation tasks "
-                "per seed"
+                "(the same for every seed)"
             )
+        if experiment != "features":
+            return seeds  # an experiment with its own sizes (stories) writes them into the report itself
         f = self.features
         return (
             f"{seeds}; digits PCA-{f.n_components}, train classes {list(f.train_classes)}, test classes "
             f"{list(f.test_classes)}; {f.n_ways}-way {f.n_shots}-shot episodes (N = {f.n_ways * f.n_shots}), "
             f"{f.n_queries} queries each; GD {f.kernel} with {list(f.blocks)} blocks, d' = {f.embed_dim}, {f.steps} "
-            f"steps (Adam {f.learning_rate:g}, batch {f.batch_size}); {f.eval_episodes} test episodes per seed"
+            f"steps (Adam {f.learning_rate:g}, batch {f.batch_size}); {f.eval_episodes} test episodes (the same for "
+            "every seed)"
         )
 
 
@@ -641,7 +644,7 @@ def synthetic(ctx: Context) -> None:
     # agreement[name][L index][seed]: how often a trained model's top-1 class is its GD counterpart's
     agreement = {spec.name: [] for spec in specs if spec.kind == "trained" and _counterpart(specs, spec)}
     gd_learned = {spec.name: [] for spec in specs if spec.kind == "gd"}  # [L index][seed] learned η and h
-    log(f"evaluating on {s.eval_prompts} fresh tasks per seed")
+    log(f"evaluating on {s.eval_prompts} fresh tasks")
     for stream in streams:
         logits = {}
         for spec in specs:
@@ -660,8 +663,8 @@ def synthetic(ctx: Context) -> None:
                 [_mean(a.argmax(-1) == b.argmax(-1)) for a, b in zip(logits[name], reference, strict=True)]
             )
     references = {
-        "oracle accuracy": [query_metrics(signal, ys[:, -1])[0] for _, ys, signal in eval_sets],
-        "oracle NLL": [query_metrics(signal, ys[:, -1])[1] for _, ys, signal in eval_sets],
+        "oracle accuracy": query_metrics(eval_sets[0][2], eval_sets[0][1][:, -1])[0],
+        "oracle NLL": query_metrics(eval_sets[0][2], eval_sets[0][1][:, -1])[1],
         "chance accuracy": 1 / s.n_classes,
         "chance NLL": math.log(s.n_classes),
     }
@@ -709,8 +712,8 @@ def _synthetic_tables(ctx: Context, specs, metrics, references) -> None:
         chance = "chance accuracy" if metric == "accuracy" else "chance NLL"
         ctx.report.add(
             f"## Synthetic: {title.lower()} at the query (position N = {s.n_context}) vs the number of training tasks "
-            f"L\n\nMean over seeds ± 95 % t interval, {s.eval_prompts} fresh tasks per seed. The task's own logits "
-            f"(oracle) reach {_pm(*_stats(references[reference]))}; chance is {references[chance]:.3f}.\n\n"
+            f"L\n\nMean over seeds ± 95 % t interval on the same {s.eval_prompts} fresh tasks. The task's own "
+            f"logits (oracle) reach {references[reference]:.3f}; chance is {references[chance]:.3f}.\n\n"
             f"{header}\n" + "\n".join(rows)
         )
 
@@ -1163,6 +1166,9 @@ def _feature_claims(ctx: Context, specs, accuracy) -> None:
 # -- experiments -------------------------------------------------------------------------------------------------------
 @dataclass
 class Context:
+    """What an experiment gets: the sizes, where to write, and the command line's options (``full`` and ``seed`` as
+    given, for experiments with sizes of their own)."""
+
     scale: Scale
     output_dir: Path
     runs_dir: Path
@@ -1170,6 +1176,8 @@ class Context:
     retrain: bool = False
     steps: int | None = None
     workers: int | None = None
+    full: bool = False
+    seed: int = 0
     synthetic: dict | None = None
 
 
@@ -1178,7 +1186,9 @@ EXPERIMENTS = {
         "synthetic C = 25, N = 10: GD vs trained from scratch against the number of training tasks L", synthetic
     ),
     "features": Experiment("digits features, held-out classes: GD with 1-3 blocks vs linear probing", features),
-    # "stories" (the document's language generation) is added by its own module
+    # "stories", the document's language generation, lives in .gd_icl_stories and is registered here as
+    # Experiment(TITLE, lambda ctx: stories(ctx.report, ctx.runs_dir, full=ctx.full, retrain=ctx.retrain,
+    #                                       steps=ctx.steps, seed=ctx.seed))
 }
 
 
@@ -1211,6 +1221,8 @@ def run(
     report = Report(PAPER, experiment, EXPERIMENTS[experiment].title, size, command, out)
     report.numbers["scale"] = asdict(scale)
     log(f"{PAPER} {experiment}: {report.title} — {size}")
-    context = Context(scale, out, root / "runs", report, retrain=retrain, steps=steps, workers=workers)
+    context = Context(
+        scale, out, root / "runs", report, retrain=retrain, steps=steps, workers=workers, full=full, seed=seed
+    )
     EXPERIMENTS[experiment].run(context)
     return report.write()

@@ -59,7 +59,7 @@ def add_synthetic_figures(report, task_counts, specs, metrics, references) -> No
     ):
         curves = {spec.label: metrics[spec.name][metric] for spec in specs}
         path = plot_versus_tasks(report.plot_path(metric), task_counts, curves, ylabel=ylabel, title=f"{ylabel} vs L")
-        oracle, level = _interval(references[reference])[0], references[chance]
+        oracle, level = references[reference], references[chance]
         report.add_plot(
             path,
             f"{ylabel} against the number of training tasks L (mean over seeds, 95 % t interval; GD solid, trained "
