@@ -163,9 +163,15 @@ def _models(pairs) -> str:
     return ", ".join(f"{kernel} × {blocks}" for kernel, blocks in pairs)
 
 
-#: the CPU default (about 20 min for both experiments on the 2-core VM, one core per process)
+#: the CPU default. Measured on the 2-core VM with one thread per process (load ~3.8 from other jobs), per step of
+#: three stacked seeds: GD 12-13 / 24-25 / 64-67 ms with 1 / 2 / 6 blocks, trained 17-18 / 30 ms with 1 / 2 blocks
+#: (synthetic); GD 26 / 51 / 82 ms with 1 / 2 / 3 blocks plus 50 ms of episode sampling (features). That is about
+#: 300 s of one core per L (1500 s for the grid, shared by two processes) and 2 min for the features: about 15 min
+#: for both experiments, less on an idle machine
 CPU = Scale()
-#: ``--full``: five seeds, a finer L grid, longer training, every trained depth, more evaluation prompts
+#: ``--full``: five seeds, a finer L grid, longer training, every trained depth, more evaluation prompts. Everything
+#: trains on the CPU (as SeedEnsemble does): about 2.3 h of one core per L, 14 h for the grid on this VM (plus half
+#: an hour for the features), so it is for a machine with many cores
 FULL = Scale(
     seeds=(0, 1, 2, 3, 4),
     synthetic=SyntheticScale(
