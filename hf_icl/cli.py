@@ -768,7 +768,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--full",
         action="store_true",
         help="the document's sizes (for a GPU); default: CPU-sized, under 30 min on 2 cores (linear-attention: "
-        "width 64, 3 seeds, a fifth of the steps; kernel-icl: 5 seeds, a quarter of Table 2's steps)",
+        "width 64, 3 seeds, a fifth of the steps; kernel-icl: 5 seeds, a quarter of Table 2's steps; gd-icl: 3 "
+        "seeds, shorter training and no 6-block trained model, a small template story corpus)",
     )
     rep.add_argument("--output-dir", default="outputs/reproduce", help="where runs, plots and results go")
     rep.add_argument("--steps", type=int, default=None, help="override the training steps of every run")

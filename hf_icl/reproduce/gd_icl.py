@@ -32,7 +32,7 @@ is on fresh tasks.
 ``(features, labels)``), GD models trained on train-class episodes and evaluated on held-out classes, against a
 logistic regression fitted on each test episode's context (:func:`linear_probe`).
 
-**stories** (the document's language generation) lives elsewhere and will be added to :data:`EXPERIMENTS`.
+**stories** (the document's language generation) lives in :mod:`.gd_icl_stories`.
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ from ..modeling.gd_transformer import (
     distance_to_construction,
 )
 from ..validation import check_choice, check_float, check_int
+from .gd_icl_stories import TITLE as stories_title
+from .gd_icl_stories import stories
 from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
 from .seed_ensemble import SeedEnsemble, build_seeded, clip_per_seed
 
@@ -1187,14 +1189,17 @@ class Context:
     synthetic: dict | None = None
 
 
+def _stories(ctx: Context) -> None:
+    """The document's language generation (:mod:`.gd_icl_stories`, with sizes of its own)."""
+    stories(ctx.report, ctx.runs_dir, full=ctx.full, retrain=ctx.retrain, steps=ctx.steps, seed=ctx.seed)
+
+
 EXPERIMENTS = {
     "synthetic": Experiment(
         "synthetic C = 25, N = 10: GD vs trained from scratch against the number of training tasks L", synthetic
     ),
     "features": Experiment("digits features, held-out classes: GD with 1-3 blocks vs linear probing", features),
-    # "stories", the document's language generation, lives in .gd_icl_stories and is registered here as
-    # Experiment(TITLE, lambda ctx: stories(ctx.report, ctx.runs_dir, full=ctx.full, retrain=ctx.retrain,
-    #                                       steps=ctx.steps, seed=ctx.seed))
+    "stories": Experiment(stories_title, _stories),
 }
 
 
