@@ -35,6 +35,8 @@ from .seed_ensemble import SeedEnsemble
 
 PAPER = "kernel-icl"
 ROW_KERNELS = ("softmax", "cosine", "cayley", "ga")
+#: how the document names the row kernels
+KERNEL_NAMES = {"softmax": "Softmax", "cosine": "Cosine", "cayley": "Cayley", "ga": "GA"}
 
 #: Table 1 (1-D sin(x)): method -> (label, kernel as the document writes it, the document's MSE)
 TABLE1 = {
@@ -340,7 +342,7 @@ def grid_name(kernel: str, column: bool) -> str:
 
 
 def grid_label(kernel: str, column: bool) -> str:
-    return f"{'Col+' if column else 'Row '}{kernel.capitalize()}"
+    return f"{'Col+' if column else 'Row '}{KERNEL_NAMES[kernel]}"
 
 
 def train_grid(ctx: Context) -> dict[tuple[str, bool], tuple[list[torch.nn.Module], torch.Tensor]]:
@@ -392,9 +394,9 @@ def table2(ctx: Context) -> None:
         gain = (row - col) / row
         doc_row, doc_col = TABLE2[kernel, False], TABLE2[kernel, True]
         rows.append(
-            f"| {kernel.capitalize()} | {doc_row:.4f} | {_pm(*seed_interval(row))} | {doc_col:.4f} | "
+            f"| {KERNEL_NAMES[kernel]} | {doc_row:.4f} | {_pm(*seed_interval(row))} | {doc_col:.4f} | "
             f"{_pm(*seed_interval(col))} | {100 * (doc_row - doc_col) / doc_row:+.1f} % | "
-            f"{_pm(*(100 * v for v in seed_interval(gain)), digits=1)} % |"
+            f"{_pm(*(100 * v for v in seed_interval(gain)), digits=1, signed=True)} % |"
         )
     rows.append(
         f"| *KRR (RBF, σ = {scale.krr_bandwidth:g})* | {TABLE2_KRR:.4f} | {_pm(*seed_interval(means['krr']))} "
@@ -489,9 +491,10 @@ def insights(ctx: Context) -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
-def _pm(mean, half, digits: int = 4) -> str:
+def _pm(mean, half, digits: int = 4, signed: bool = False) -> str:
     mean, half = float(mean), float(half)
-    return f"{mean:.{digits}f}" if math.isnan(half) else f"{mean:.{digits}f} ± {half:.{digits}f}"
+    value = f"{mean:+.{digits}f}" if signed else f"{mean:.{digits}f}"
+    return value if math.isnan(half) else f"{value} ± {half:.{digits}f}"
 
 
 def _seed_values(values: torch.Tensor) -> str:

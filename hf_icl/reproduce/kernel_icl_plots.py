@@ -9,6 +9,7 @@ import torch
 
 from ..evaluation.plotting import new_panels, save_figure
 from ..kernels.row_kernels import row_kernel_scores
+from .kernel_icl import KERNEL_NAMES, TABLE1, grid_label, grid_name
 from .runs import seed_interval
 
 #: the document's query for the weight profiles (x ≈ 0.94, on the right slope)
@@ -69,14 +70,14 @@ def plot_weights(path: Path, weights: dict[str, torch.Tensor], data: dict) -> Pa
 
 def plot_training_curves(path: Path, grid: dict, curve_every: int, labels) -> Path:
     """Training loss (mean over seeds) of the row-only and column+row model of each row kernel."""
-    kernels = sorted({k for k, _ in grid}, key=["softmax", "cosine", "cayley", "ga"].index)
+    kernels = [k for k in KERNEL_NAMES if any(k == kernel for kernel, _ in grid)]
     fig, axes = new_panels(len(kernels), (4.5 * len(kernels), 3.6), sharey=True)
     for ax, kernel in zip(axes, kernels, strict=True):
         for column, color in ((False, "coral"), (True, "steelblue")):
             losses = grid[kernel, column][1].mean(1)
             steps = [curve_every * (i + 1) for i in range(losses.shape[0])]
             ax.plot(steps, losses.tolist(), color=color, lw=1.5, label=labels(kernel, column))
-        ax.set_title(kernel.capitalize())
+        ax.set_title(KERNEL_NAMES[kernel])
         ax.set_xlabel("step")
         ax.set_yscale("log")
         ax.grid(True, which="both", alpha=0.3)
@@ -112,7 +113,7 @@ def plot_box_and_bars(path: Path, errors: dict[str, torch.Tensor], labels: dict[
         )
     krr = float(errors["krr"].mean())
     bars.axhline(krr, color="gray", ls="--", lw=1.5, label=f"KRR (RBF) = {krr:.3f}")
-    bars.set_xticks(range(len(kernels)), [k.capitalize() for k in kernels])
+    bars.set_xticks(range(len(kernels)), [KERNEL_NAMES[k] for k in kernels])
     bars.set_ylabel("mean MSE")
     bars.legend(fontsize=8)
     return save_figure(fig, path)
@@ -121,7 +122,6 @@ def plot_box_and_bars(path: Path, errors: dict[str, torch.Tensor], labels: dict[
 def add_figures(ctx) -> None:
     """Draw every figure of a context whose tables have run, and add them to its report."""
     from ..estimators import RandomFourierFeatures
-    from .kernel_icl import TABLE1, grid_label, grid_name
 
     report, scale = ctx.report, ctx.scale
     predictions, data, head = ctx.example
