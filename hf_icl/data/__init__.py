@@ -3,6 +3,7 @@
 The builders import ``datasets`` lazily, so ``import hf_icl.data`` stays light.
 """
 
+from .episodes import Episodes, digit_features, sample_episodes
 from .inputs import (
     INPUT_REGISTRY,
     CovarianceGaussianInputs,

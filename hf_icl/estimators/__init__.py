@@ -54,6 +54,7 @@ from .kernel_ridge import KernelRidge
 from .knn import KNN
 from .lasso import Lasso
 from .least_squares import LeastSquares
+from .linear_probe import linear_probe
 from .moments import Averaging, OneStepGD
 from .nadaraya_watson import NadarayaWatson
 from .optimal_ridge import OptimalRidge
@@ -80,4 +81,5 @@ __all__ = [
     "XGBoost",
     "available_estimators",
     "get_estimator",
+    "linear_probe",
 ]
