@@ -63,7 +63,7 @@ from ..validation import check_choice, check_float, check_int
 from .gd_icl_stories import TITLE as stories_title
 from .gd_icl_stories import stories
 from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
-from .seed_ensemble import SeedEnsemble, build_seeded, clip_per_seed
+from .seed_ensemble import SeedEnsemble, build_seeded, stacked_optimizer_step
 
 PAPER = "gd-icl"
 #: the gap in top-1 accuracy below which two models count as equal ("converged", "matches", "almost equal")
@@ -302,12 +302,7 @@ class GDConstructionEnsemble:
         if xs.shape[0] != self.size or ys.shape[0] != self.size:
             raise ValueError(f"xs and ys need one batch per seed (dim 0 = {self.size}), got {tuple(xs.shape)}")
         grads, losses = self._grads(self.params, xs, ys)
-        if self.max_grad_norm > 0:
-            clip_per_seed(grads, self.max_grad_norm)
-        for name, param in self.params.items():
-            param.grad = grads[name].contiguous()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stacked_optimizer_step(self.optimizer, self.params, grads, self.max_grad_norm)
         return losses.detach()
 
     @torch.no_grad()

@@ -48,8 +48,9 @@ from ..data.stories import (
 )
 from ..evaluation.story_judge import CRITERIA, aggregate_scores, judge_stories
 from ..modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM, attention_parameter_counts
+from ..training.checkpoints import quiet_progress
 from ..validation import check_int
-from .runs import Report, log, quiet_progress, verdict
+from .runs import Report, log, verdict
 
 TITLE = "language generation: Softmax GD, Softmax GD + FF and a one-layer transformer on stories"
 #: model name -> its label in the report

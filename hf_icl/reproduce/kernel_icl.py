@@ -30,7 +30,8 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
-from .runs import Experiment, Report, log, quiet_progress, seed_interval, usable_cores, verdict
+from ..training.checkpoints import quiet_progress
+from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
 from .seed_ensemble import SeedEnsemble
 
 PAPER = "kernel-icl"

@@ -16,7 +16,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -36,21 +35,6 @@ _BOOKKEEPING = ("output_dir", "overwrite_output_dir", "progress_bar", "report_to
 def usable_cores() -> int:
     """The CPU cores this process may run on."""
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-
-
-@contextmanager
-def quiet_progress():
-    """No transformers progress bar while saving or loading many small models: a one-tick bar per model would
-    bury the log."""
-    from transformers.utils import logging as hf_logging
-
-    enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if enabled:
-            hf_logging.enable_progress_bar()
 
 
 def log(message: str) -> None:

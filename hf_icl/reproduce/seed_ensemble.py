@@ -36,8 +36,8 @@ from accelerate.utils import set_seed
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
 from ..modeling import build_model
+from ..training.checkpoints import quiet_progress
 from ..validation import check_float
-from .runs import quiet_progress
 
 #: the small constant torch.nn.utils.clip_grad_norm_ adds to the norm before dividing by it
 CLIP_EPS = 1e-6
@@ -58,6 +58,20 @@ def clip_per_seed(grads: dict[str, torch.Tensor], max_norm: float) -> torch.Tens
     for g in grads.values():
         g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
     return norms
+
+
+def stacked_optimizer_step(
+    optimizer: torch.optim.Optimizer, params: dict[str, torch.Tensor], grads: dict[str, torch.Tensor], max_grad_norm
+) -> None:
+    """Clip each seed's gradient (``max_grad_norm`` > 0), hand the gradients to ``params`` and step ``optimizer``."""
+    if max_grad_norm > 0:
+        clip_per_seed(grads, max_grad_norm)
+    for name, param in params.items():
+        # vmap can hand back a gradient in another memory layout than its parameter (wpe's comes transposed), and
+        # fused AdamW (torch 2.13, CPU) then silently applies the wrong update: give it the parameter's layout
+        param.grad = grads[name].contiguous()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 class SeedEnsemble:
@@ -137,14 +151,7 @@ class SeedEnsemble:
         if xs.shape[0] != self.size or ys.shape[0] != self.size:
             raise ValueError(f"xs and ys need one batch per seed (dim 0 = {self.size}), got {tuple(xs.shape)}")
         grads, losses = self._grads(self.params, self.frozen, self.buffers, xs, ys)
-        if self.max_grad_norm > 0:
-            clip_per_seed(grads, self.max_grad_norm)
-        for name, param in self.params.items():
-            # vmap can hand back a gradient in another memory layout than its parameter (wpe's comes transposed),
-            # and fused AdamW (torch 2.13, CPU) then silently applies the wrong update: give it the parameter's layout
-            param.grad = grads[name].contiguous()
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        stacked_optimizer_step(self.optimizer, self.params, grads, self.max_grad_norm)
         return losses.detach()
 
     @torch.no_grad()

@@ -230,7 +230,8 @@ def restore_rng_state(state: dict[str, Any], device: torch.device, where: str) -
 
 # -- model weights ---------------------------------------------------------------------------------------
 @contextmanager
-def _no_transformers_progress_bars():
+def quiet_progress():
+    """No transformers progress bar inside the block (saving or loading many small models would print one each)."""
     from transformers.utils import logging as hf_logging
 
     enabled = hf_logging.is_progress_bar_enabled()
@@ -302,7 +303,7 @@ def save_checkpoint(
         if staging.exists():
             shutil.rmtree(staging)  # left over from a run that died while saving
         staging.mkdir(parents=True)
-        with _no_transformers_progress_bars():
+        with quiet_progress():
             accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
         write_state(staging, OPTIMIZER, optimizer.state_dict())
         write_state(staging, SCHEDULER, scheduler.state_dict())
