@@ -38,6 +38,7 @@ from multiprocessing import get_context
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 
 from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
@@ -47,6 +48,8 @@ from .runs import Experiment, Report, comparable, log, seed_interval, usable_cor
 from .seed_ensemble import SeedEnsemble, build_seeded
 
 PAPER = "linear-attention"
+#: each finished group's per-prompt query errors (safetensors: nothing is unpickled)
+ERRORS_FILE = "errors.safetensors"
 #: the document's seeds ("42, 100, 7, 10, 2025"); ``--seed`` shifts every one of them
 SEEDS = (42, 100, 7, 10, 2025)
 DEPTHS = (1, 3, 6)
@@ -361,7 +364,7 @@ class GroupResult:
 
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
-        torch.save(self.errors, run_dir / "errors.pt")
+        save_file({k: v.contiguous() for k, v in self.errors.items()}, run_dir / ERRORS_FILE)  # no pickle
         record = {
             "spec": self.spec.to_dict(),
             "steps": self.steps,
@@ -379,7 +382,7 @@ class GroupResult:
             record["steps"],
             torch.tensor(record["test_curve"], dtype=torch.float64),
             torch.tensor(record["train_curve"], dtype=torch.float64),
-            torch.load(run_dir / "errors.pt"),
+            load_file(run_dir / ERRORS_FILE),
             record["seconds"],
         )
 
@@ -443,7 +446,9 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
 
 def _finished(spec: GroupSpec, run_dir: Path) -> bool:
     saved = run_dir / "run.json"
-    return saved.is_file() and json.loads(saved.read_text())["spec"] == spec.to_dict()
+    # a run from before the errors moved to safetensors (errors.pt) is trained again, never unpickled
+    finished = saved.is_file() and (run_dir / ERRORS_FILE).is_file()
+    return finished and json.loads(saved.read_text())["spec"] == spec.to_dict()
 
 
 def _train_in_worker(spec: dict, run_dir: str, threads: int) -> str:
