@@ -25,14 +25,22 @@ FRC (``frc``, ``frc_low``, ``hybrid``): ``A`` = the token's candidate scores min
 candidates (a running, causal normalisation); the two-hop term is ``Σ_r A[r] · B[r, k]`` where ``B`` scores block
 ``r``'s mean key against block ``k < r`` with the same score, each row normalised the same way (keys, because a
 decode step has no past queries); ``FRC = A - lam * two_hop / n_candidates``.
+
+Backends. This module's PyTorch code is the reference. ``backend="auto"`` runs the fused Triton kernel
+(:mod:`hf_icl.kernels.token_selection_triton`: scores, forced blocks, budgets and top-k in one launch, no host sync)
+on CUDA for unpadded inputs and every policy but ``oracle``, and this reference elsewhere; ``"triton"`` insists.
+The kernel's selection logic is the reference's bit for bit; its float32 scores may differ from PyTorch's matmul by
+rounding (summation order), which can only matter for candidates whose ranks lie within rounding of each other.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..kernels._common import resolve_backend
 from ..kernels.block_sparse_reference import real_positions
 from ..kernels.coarsen import coarsen_one_max_l2
+from ..kernels.token_selection_triton import fused_selection_unsupported, token_selection_triton
 from .selection import _top_among
 
 __all__ = [
@@ -40,6 +48,7 @@ __all__ = [
     "TOKEN_POLICIES",
     "achieved_sparsity",
     "key_block_summaries",
+    "selection_backend",
     "select_token_blocks",
     "token_block_scores",
     "token_block_mass",
@@ -116,12 +125,17 @@ def _minmax(scores: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
     return a.masked_fill(~candidate, 0.0)
 
 
-def _hop_matrix(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float, heads: int) -> torch.Tensor:
-    """``B (B, H, Mk, Mk)``: block ``r``'s mean key scored against block ``k < r``, rows min–max normalised."""
+def _hop_per_kv_head(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float) -> torch.Tensor:
+    """``B (B, Hk, Mk, Mk)``: block ``r``'s mean key scored against block ``k < r``, rows min–max normalised."""
     n_blocks = means.shape[2]
     raw = _score(means, summaries, scaling)  # (B, Hk, Mk, Mk)
     lower = torch.ones(n_blocks, n_blocks, dtype=torch.bool, device=means.device).tril(-1)
-    hop = _minmax(raw, lower)
+    return _minmax(raw, lower)
+
+
+def _hop_matrix(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float, heads: int) -> torch.Tensor:
+    """:func:`_hop_per_kv_head` repeated for every query head: ``(B, H, Mk, Mk)``."""
+    hop = _hop_per_kv_head(summaries, means, scaling)
     return hop.repeat_interleave(heads // hop.shape[1], dim=1)
 
 
@@ -168,12 +182,34 @@ def select_token_blocks(
     lam: float = 0.5,
     magnitude_fraction: float = 0.5,
     key_valid: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """The per-token selection ``(B, H, Nq, Mk)`` bool under the rule of the module docstring.
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)``; ``key_valid``
     ``(B, Nk)`` marks real tokens (None: no padding). Arguments are trusted (CABParams validated them).
+    ``backend``: ``"auto"`` (the fused kernel on CUDA where it applies), ``"triton"`` or ``"reference"``; see
+    :func:`selection_backend`.
+
+        >>> q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+        >>> keep = select_token_blocks(q, k, scaling=8**-0.5, block_size=16, policy="magnitude", sparsity=0.5)
+        >>> keep.shape, keep[0, 0, -1].tolist()  # the last token: its own block, the sink, one of 3 by budget
+        (torch.Size([1, 2, 40, 3]), [True, False, True])
     """
+    rule = {
+        "block_size": block_size,
+        "policy": policy,
+        "budget": budget,
+        "sparsity": sparsity,
+        "topk": topk,
+        "sink_blocks": sink_blocks,
+        "local_blocks": local_blocks,
+        "min_seq_len": min_seq_len,
+        "lam": lam,
+        "magnitude_fraction": magnitude_fraction,
+    }
+    if selection_backend(backend, query, key.shape[2], block_size, policy, budget, key_valid) == "triton":
+        return _select_fused(query, key, scaling=scaling, score=score, **rule)
     batch, heads, n_q, _ = query.shape
     n_k = key.shape[2]
     n_blocks = -(-n_k // block_size)
@@ -220,6 +256,46 @@ def select_token_blocks(
     if min_seq_len > 0:  # early tokens attend densely
         keep = keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
     return keep.expand(batch, heads, n_q, n_blocks)
+
+
+def selection_backend(
+    backend: str,
+    query: torch.Tensor,
+    n_keys: int,
+    block_size: int,
+    policy: str,
+    budget: str = "row",
+    key_valid: torch.Tensor | None = None,
+) -> str:
+    """Which implementation runs a selection: ``"triton"`` (the fused kernel) or ``"reference"``.
+
+    ``"auto"`` takes the kernel for CUDA queries when it supports the call (unpadded, any policy but ``oracle``, at
+    most :data:`~hf_icl.kernels.token_selection_triton.MAX_KEY_BLOCKS` key blocks) and the reference otherwise;
+    ``"triton"`` insists and raises a ``ValueError`` naming what is unsupported.
+
+        >>> selection_backend("auto", torch.zeros(1, 1, 4, 8), 64, 16, "magnitude")  # a CPU tensor
+        'reference'
+    """
+    if resolve_backend(backend, query) == "reference":
+        return "reference"
+    reason = fused_selection_unsupported(query, -(-n_keys // block_size), policy, budget, key_valid)
+    if reason is None:
+        return "triton"
+    if backend == "triton":
+        raise ValueError(f"backend='triton' cannot run this selection: {reason}")
+    return "reference"
+
+
+def _select_fused(query, key, *, scaling, score, **rule):
+    """The fused kernel on the summaries (and, for FRC, the per-KV-head hop matrix) the reference would use."""
+    summaries = hop = None
+    scored = rule["policy"] not in ("dense", "streaming") and not (rule["budget"] == "row" and rule["sparsity"] == 0)
+    if scored:
+        summaries = key_block_summaries(key, rule["block_size"], score)
+        if rule["policy"] in _FRC_POLICIES:
+            means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
+            hop = _hop_per_kv_head(summaries, means, scaling)
+    return token_selection_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
 
 
 def _rank_and_pick(scores, candidate, remaining, max_count, policy, score, summaries, keys, scaling, lam, fraction, bs):
