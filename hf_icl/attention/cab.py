@@ -34,6 +34,7 @@ from ..kernels.block_sparse_attention import HEAD_DIMS, expand_kv
 from ..kernels.block_sparse_backward import block_sparse_flash_attention
 from ..kernels.block_sparse_decode import block_sparse_decode
 from ..kernels.block_sparse_reference import token_sparse_attention
+from ..kernels.token_selection_triton import fused_selection_unsupported
 from ..validation import check_choice, check_float, check_int
 from .token_selection import SCORES, TOKEN_POLICIES, select_token_blocks
 
@@ -267,6 +268,12 @@ def select_cab_blocks(
             f"q_offset must be Nk - Nq = {key.shape[2] - query.shape[2]} (queries are the last positions), "
             f"got {q_offset}"
         )
+    backend = params.backend
+    n_blocks = -(-key.shape[2] // params.block_size)
+    if backend == "triton" and fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid):
+        # cab_backend="triton" insists on the attention kernels (_kernel_route says what stops them); a selection
+        # the fused kernel cannot run (padding, oracle) stays on PyTorch
+        backend = "reference"
     return select_token_blocks(
         query,
         key,
@@ -283,6 +290,7 @@ def select_cab_blocks(
         lam=params.lam,
         magnitude_fraction=params.magnitude_fraction,
         key_valid=key_valid,
+        backend=backend,
     )
 
 
