@@ -2,13 +2,21 @@
 
 At decode a head has a single query row, so the prefill kernel's one-program-per-query-block grid would leave most
 of the GPU idle. Here each (batch * head) spreads its selected cache blocks over ``num_splits`` programs; each
-program runs an online softmax over its share (matrix-vector work, no ``tl.dot``: a 1-row tile is too small for
-tensor cores) and writes a partial ``(acc, m, l)``. The partials are merged exactly in PyTorch:
+program runs an online softmax over its share and writes a partial ``(acc, m, l)``. The partials are merged
+exactly in PyTorch:
 
     m = max_s m_s,   l = sum_s exp(m_s - m) l_s,   out = sum_s exp(m_s - m) acc_s / l,   lse = m + log(l)
 
 Masking matches the prefill kernel: keys after the query's position ``q_offset`` (any offset), keys past ``Nk``
-and padded keys are ignored; a query that sees no key gets zeros and ``lse = -inf``.
+and padded keys are ignored; a query that sees no key gets zeros and ``lse = -inf``. As in the prefill kernel,
+the blocks wholly at or before the query and inside ``Nk`` (a prefix of the ascending list, found by a binary
+search) run without any mask when there is no key padding; only the query's own block, a ragged last block or a
+block in its future take the masked path.
+
+Grouped-query attention: when every query head of a KV group keeps the same blocks (``group_heads``), one program
+serves ``heads_per_program`` of them, as the rows of a matrix product padded to 16 rows, and reads each K / V block
+once for all of them (decode is bound by those reads). One head per program is a matrix-vector product instead (no
+``tl.dot``: a 1-row tile is too small for tensor cores).
 """
 
 from __future__ import annotations
@@ -17,17 +25,37 @@ import math
 
 import torch
 
-from ._common import check_attention_tensor, check_kernel_runnable, check_key_padding_mask, resolve_backend, tl, triton
+from ._common import (
+    check_attention_tensor,
+    check_kernel_runnable,
+    check_key_padding_mask,
+    is_interpreted,
+    resolve_backend,
+    tl,
+    triton,
+)
 from .block_sparse_attention import (
+    LOG2_E,
+    TileConfig,
     _key_valid_tensor,
     block_sparse_attention_reference,
+    check_tile_config,
+    full_key_blocks,
+    resolve_group_heads,
+    selection_lists,
+    triton_next_power_of_2,
     validate_keep,
     validate_qkv,
     validate_selection,
 )
-from .block_sparse_reference import selected_block_indices
 
-__all__ = ["block_sparse_decode", "block_sparse_decode_reference", "block_sparse_decode_triton", "plan_splits"]
+__all__ = [
+    "block_sparse_decode",
+    "block_sparse_decode_reference",
+    "block_sparse_decode_triton",
+    "decode_tile_config",
+    "plan_splits",
+]
 
 #: programs to aim for per streaming multiprocessor when choosing the split count
 PROGRAMS_PER_SM = 4
@@ -36,6 +64,67 @@ PROGRAMS_PER_SM = 4
 _block_sparse_decode_kernel = None  # the Triton kernel, defined below when triton imports
 
 if triton is not None:
+
+    @triton.jit
+    def _decode_key_block(
+        acc,
+        m_i,
+        l_i,
+        q_tile,
+        block,
+        k_base,
+        v_base,
+        ks_n,
+        ks_d,
+        vs_n,
+        vs_d,
+        cols,
+        n_k,
+        q_pos,
+        key_valid_row,
+        kvs_n,
+        qk_scale,
+        BS: tl.constexpr,
+        USE_DOT: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        MASKED: tl.constexpr,
+        HAS_KEY_MASK: tl.constexpr,
+    ):
+        """One online-softmax step of the stacked query rows over key block ``block``; ``MASKED=False`` is the
+        full-block path (no bounds, causal or padding masks, no ``-inf`` guards)."""
+        k_pos = block * BS + tl.arange(0, BS)
+        k_rows = k_pos.to(tl.int64)[:, None]
+        if MASKED:
+            k_ok = (k_pos < n_k) & (k_pos <= q_pos)
+            if HAS_KEY_MASK:
+                k_ok = k_ok & (tl.load(key_valid_row + k_pos.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
+            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0)
+            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0)
+        else:
+            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d)
+            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d)
+        if USE_DOT:  # a KV group's query heads as the rows of one matrix product
+            if UPCAST_DOT:
+                k_tile = k_tile.to(tl.float32)
+                v_tile = v_tile.to(tl.float32)
+            s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale
+        else:  # a single row: matrix-vector work, too small for tensor cores
+            s = tl.sum(q_tile[:, None, :] * k_tile.to(tl.float32)[None, :, :], axis=2) * qk_scale
+        if MASKED:
+            s = tl.where(k_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp2 gives 0, not NaN
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        if USE_DOT:
+            acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision="ieee")
+        else:
+            acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v_tile.to(tl.float32)[None, :, :], axis=1)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        return acc, m_new, l_i
 
     @triton.jit
     def _block_sparse_decode_kernel(
@@ -52,7 +141,7 @@ if triton is not None:
         kv_group,
         n_k,
         q_pos,
-        scaling,
+        qk_scale,
         blocks_per_split,
         num_splits,
         qs_b,
@@ -73,53 +162,58 @@ if triton is not None:
         cs_h,
         kvs_b,
         kvs_n,
-        BLOCK_N: tl.constexpr,
+        BS: tl.constexpr,
+        GROUP: tl.constexpr,
+        BLOCK_G: tl.constexpr,
         BLOCK_D: tl.constexpr,
+        USE_DOT: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
         HAS_KEY_MASK: tl.constexpr,
     ):
-        """One program per (split, batch * head): online softmax over blocks [split * bps, (split + 1) * bps)."""
+        """One program per (split, batch, GROUP query heads sharing a selection): online softmax of the heads'
+        query rows over list entries [split * bps, (split + 1) * bps), full blocks first, then masked ones."""
         split = tl.program_id(0)
-        bh = tl.program_id(1).to(tl.int64)
-        b = bh // heads
-        h = bh % heads
-        h_kv = h // kv_group
+        pid = tl.program_id(1)
+        program_heads = heads // GROUP
+        b = (pid // program_heads).to(tl.int64)
+        h0 = (pid % program_heads).to(tl.int64) * GROUP
+        g = tl.arange(0, BLOCK_G)
+        g_ok = g < GROUP
+        row_head = h0 + g
         cols = tl.arange(0, BLOCK_D).to(tl.int64)
-        key_rows = tl.arange(0, BLOCK_N)
 
-        query = tl.load(q + b * qs_b + h * qs_h + cols * qs_d).to(tl.float32)
-        count = tl.load(counts + b * cs_b + h * cs_h)
+        q_tile = tl.load(q + b * qs_b + row_head[:, None] * qs_h + cols[None, :] * qs_d, mask=g_ok[:, None], other=0.0)
+        if UPCAST_DOT or not USE_DOT:
+            q_tile = q_tile.to(tl.float32)
+        kv_head = h0 // kv_group
+        k_base = k + b * ks_b + kv_head * ks_h
+        v_base = v + b * vs_b + kv_head * vs_h
+        key_valid_row = key_valid + b * kvs_b
+        entries = indices + b * is_b + h0 * is_h
+        count = tl.load(counts + b * cs_b + h0 * cs_h).to(tl.int32)
+        n_full = full_key_blocks(entries, is_k, count, q_pos, n_k, BS, HAS_KEY_MASK)
         start = split * blocks_per_split
         stop = tl.minimum(start + blocks_per_split, count)
 
-        m_i = tl.full([], float("-inf"), dtype=tl.float32)
-        l_i = tl.zeros([], dtype=tl.float32)
-        acc = tl.zeros([BLOCK_D], dtype=tl.float32)
-        for j in range(start, stop):
-            k_idx = tl.load(indices + b * is_b + h * is_h + j * is_k) * BLOCK_N + key_rows
-            k_ok = (k_idx >= 0) & (k_idx < n_k) & (k_idx <= q_pos)
-            if HAS_KEY_MASK:
-                k_ok = k_ok & (tl.load(key_valid + b * kvs_b + k_idx.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
-            k_off = k_idx.to(tl.int64)[:, None]
-            k_tile = tl.load(
-                k + b * ks_b + h_kv * ks_h + k_off * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0
-            )
-            s = tl.sum(k_tile.to(tl.float32) * query[None, :], axis=1) * scaling
-            s = tl.where(k_ok, s, float("-inf"))
-            m_new = tl.maximum(m_i, tl.max(s, axis=0))
-            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp gives 0, not NaN
-            p = tl.exp(s - m_safe)
-            alpha = tl.exp(m_i - m_safe)
-            v_tile = tl.load(
-                v + b * vs_b + h_kv * vs_h + k_off * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0
-            )
-            acc = acc * alpha + tl.sum(p[:, None] * v_tile.to(tl.float32), axis=0)
-            l_i = l_i * alpha + tl.sum(p, axis=0)
-            m_i = m_new
+        m_i = tl.full([BLOCK_G], float("-inf"), dtype=tl.float32)
+        l_i = tl.zeros([BLOCK_G], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_G, BLOCK_D], dtype=tl.float32)
+        for j in range(start, tl.minimum(stop, n_full)):
+            acc, m_i, l_i = _decode_key_block(
+                acc, m_i, l_i, q_tile, tl.load(entries + j * is_k), k_base, v_base, ks_n, ks_d, vs_n, vs_d, cols,
+                n_k, q_pos, key_valid_row, kvs_n, qk_scale, BS, USE_DOT, UPCAST_DOT, False, HAS_KEY_MASK,
+            )  # fmt: skip
+        for j in range(tl.maximum(start, n_full), stop):
+            acc, m_i, l_i = _decode_key_block(
+                acc, m_i, l_i, q_tile, tl.load(entries + j * is_k), k_base, v_base, ks_n, ks_d, vs_n, vs_d, cols,
+                n_k, q_pos, key_valid_row, kvs_n, qk_scale, BS, USE_DOT, UPCAST_DOT, True, HAS_KEY_MASK,
+            )  # fmt: skip
 
-        slot = bh * num_splits + split
-        tl.store(part_acc + slot * BLOCK_D + cols, acc)
-        tl.store(part_m + slot, m_i)
-        tl.store(part_l + slot, l_i)
+        slot = (b * heads + row_head) * num_splits + split
+        tl.store(part_acc + slot[:, None] * BLOCK_D + cols[None, :], acc, mask=g_ok[:, None])
+        # partials in natural-log units, as the merge expects
+        tl.store(part_m + slot, m_i * 0.6931471805599453, mask=g_ok)
+        tl.store(part_l + slot, l_i, mask=g_ok)
 
 
 def plan_splits(width: int, programs: int, device: torch.device) -> int:
@@ -130,6 +224,18 @@ def plan_splits(width: int, programs: int, device: torch.device) -> int:
         sms = 4  # the interpreter: any small number exercises the merge
     wanted = max(1, math.ceil(PROGRAMS_PER_SM * sms / max(programs, 1)))
     return max(1, math.ceil(width / wanted))
+
+
+def decode_tile_config(block_size: int, heads_per_group: int = 1) -> TileConfig:
+    """The decode kernel's tiling: as many heads of a group as fit 16 rows per program (a divisor of
+    ``heads_per_group``), 4 warps, 2 stages; ``block_n`` is the block size (a program reads whole blocks).
+    Untuned guesses until a GPU run.
+
+    >>> decode_tile_config(64, heads_per_group=3).heads_per_program
+    3
+    """
+    heads = max(d for d in range(1, min(heads_per_group, 16) + 1) if heads_per_group % d == 0)
+    return TileConfig(block_n=block_size, heads_per_program=heads, num_warps=4, num_stages=2)
 
 
 def _merge_splits(
@@ -159,13 +265,17 @@ def block_sparse_decode_triton(
     blocks_per_split: int | None = None,
     return_lse: bool = False,
     validate: bool = True,
+    group_heads: bool | None = None,
+    tiles: TileConfig | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Split-K decode of ``q (B, H, 1, D)`` at absolute position ``q_offset`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
     ``indices (B, H, 1, K)`` / ``counts (B, H, 1)`` list each head's cache blocks (the selection layout);
     ``blocks_per_split`` (default: :func:`plan_splits`) sets how many blocks one program reads. ``validate=False``
-    skips the input checks (and their device syncs) for selections valid by construction. Returns ``out``
-    (B, H, 1, D) in q's dtype, and the fp32 ``lse`` (B, H, 1) if asked.
+    skips the input checks (and their device syncs) for selections valid by construction. ``group_heads`` and
+    ``tiles`` are those of :func:`hf_icl.kernels.block_sparse_attention.block_sparse_attention_triton` (default
+    tiling: :func:`decode_tile_config`). Returns ``out`` (B, H, 1, D) in q's dtype, and the fp32 ``lse``
+    (B, H, 1) if asked.
     """
     if validate:
         if q.dim() == 4 and q.shape[2] != 1:
@@ -175,9 +285,15 @@ def block_sparse_decode_triton(
         check_key_padding_mask(key_padding_mask, q, k)
     check_kernel_runnable(_block_sparse_decode_kernel, q, "block_sparse_decode_triton")
     batch, heads, _, head_dim = q.shape
+    kv_group = heads // k.shape[1]
+    grouped = resolve_group_heads(group_heads, indices, counts, kv_group, check=validate)
+    if tiles is None:
+        tiles = decode_tile_config(block_size, kv_group if grouped else 1)
+    tiles = check_tile_config(tiles, kv_group, grouped)
+    programs = batch * heads // tiles.heads_per_program
     width = indices.shape[-1]
     if blocks_per_split is None:
-        blocks_per_split = plan_splits(width, batch * heads, q.device)
+        blocks_per_split = plan_splits(width, programs, q.device)
     elif isinstance(blocks_per_split, bool) or not isinstance(blocks_per_split, int) or blocks_per_split < 1:
         raise ValueError(f"blocks_per_split must be an int >= 1 or None, got {blocks_per_split!r}")
     num_splits = math.ceil(width / blocks_per_split)
@@ -186,7 +302,7 @@ def block_sparse_decode_triton(
     part_l = torch.empty_like(part_m)
     key_valid = _key_valid_tensor(key_padding_mask, q)
     if batch * heads > 0:
-        _block_sparse_decode_kernel[(num_splits, batch * heads)](
+        _block_sparse_decode_kernel[(num_splits, programs)](
             q,
             k,
             v,
@@ -197,10 +313,10 @@ def block_sparse_decode_triton(
             counts,
             key_valid,
             heads,
-            heads // k.shape[1],
+            kv_group,
             k.shape[2],
             q_offset,
-            float(scaling),
+            float(scaling) * LOG2_E,
             blocks_per_split,
             num_splits,
             q.stride(0),
@@ -214,10 +330,14 @@ def block_sparse_decode_triton(
             counts.stride(0),
             counts.stride(1),
             *key_valid.stride(),
-            BLOCK_N=block_size,
+            BS=block_size,
+            GROUP=tiles.heads_per_program,
+            BLOCK_G=1 if tiles.heads_per_program == 1 else max(16, triton_next_power_of_2(tiles.heads_per_program)),
             BLOCK_D=head_dim,
+            USE_DOT=tiles.heads_per_program > 1,
+            UPCAST_DOT=is_interpreted(_block_sparse_decode_kernel),
             HAS_KEY_MASK=key_padding_mask is not None,
-            num_warps=4,
+            **tiles.launch(),
         )
     out, lse = _merge_splits(part_acc, part_m, part_l)
     out = out.to(q.dtype).unsqueeze(2)
@@ -271,10 +391,19 @@ def block_sparse_decode(
     return_lse: bool = False,
     backend: str = "auto",
     validate: bool = True,
+    group_heads: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else reference.
 
     ``validate=False`` skips the kernel path's input checks and their device syncs (for a caller that built ``keep``).
+    ``group_heads`` (None: detect) lets one program serve the query heads of a KV group that share their selection;
+    see :func:`hf_icl.kernels.block_sparse_attention.selection_shared_by_groups`.
+
+    >>> q, k, v = torch.randn(1, 4, 1, 32), torch.randn(1, 2, 40, 32), torch.randn(1, 2, 40, 32)
+    >>> keep = torch.tensor([True, False, True]).expand(1, 4, 1, 3)  # shared by all heads: one list
+    >>> out = block_sparse_decode(q, k, v, keep, block_size=16, scaling=32**-0.5, q_offset=39)
+    >>> out.shape
+    torch.Size([1, 4, 1, 32])
     """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     _check_single_query(q)
@@ -284,7 +413,7 @@ def block_sparse_decode(
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_keep(q, k, keep, block_size)
         check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
-    indices, valid = selected_block_indices(keep)
+    indices, counts = selection_lists(keep)
     return block_sparse_decode_triton(
-        q, k, v, indices, valid.sum(-1), key_padding_mask=key_padding_mask, validate=False, **kwargs
+        q, k, v, indices, counts, key_padding_mask=key_padding_mask, validate=False, group_heads=group_heads, **kwargs
     )
