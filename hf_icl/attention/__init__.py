@@ -12,6 +12,15 @@ from ..kernels.block_sparse_reference import (
     token_sparse_attention,
 )
 from .cab import BUDGETS, POLICIES, CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
+from .cab_cache import (
+    CABCache,
+    CABCacheLayer,
+    KeyBlockSummaries,
+    block_summaries_of,
+    cached_block_selection,
+    select_blocks_from_summaries,
+    use_cab_cache,
+)
 from .selection import (
     SELECTION_POLICIES,
     attention_preservation,

@@ -172,7 +172,12 @@ def cab_attention_forward(
         heads = query.shape[1]
         out = _dense_causal(query, expand_kv(key, heads), expand_kv(value, heads), mask, scaling, q_offset, dropout)
         return out.transpose(1, 2).contiguous(), None
-    token_keep = select_cab_blocks(query, key, params, scaling, key_valid=key_valid)
+    from .cab_cache import cached_block_selection  # cab_cache builds on this module
+
+    # decode / chunked prefill on a CABCache: select from its incrementally kept block summaries
+    token_keep = cached_block_selection(query, key, params, scaling, key_valid)
+    if token_keep is None:
+        token_keep = select_cab_blocks(query, key, params, scaling, key_valid=key_valid)
     kernel = _kernel_route(query, params, key_valid, dropout, q_offset)
     sparse = {"block_size": params.block_size, "scaling": scaling, "q_offset": q_offset, "validate": False}
     if kernel == "decode":
@@ -307,7 +312,9 @@ def enable_cab(model, **hyperparameters):
 
     Keyword arguments are the ``cab_*`` fields without the prefix (``sparsity``, ``block_size``,
     ``policy``, ``score``, ``lam``, ``budget``, ``topk``, ``sink_blocks``, ``local_blocks``, ``min_seq_len``,
-    ``decode``, ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``.
+    ``decode``, ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``. A model
+    that generates also gets :func:`~.cab_cache.use_cab_cache`: ``generate`` then keeps CAB's key-block summaries
+    in its cache, so a decode step no longer re-summarises the whole cache.
     """
     if not hasattr(model, "config") or not hasattr(model, "set_attn_implementation"):
         raise ValueError(
@@ -323,4 +330,8 @@ def enable_cab(model, **hyperparameters):
     for field, value in params.to_config_fields().items():
         setattr(model.config, field, value)
     model.set_attn_implementation(NAME)
+    if hasattr(model, "_prepare_cache_for_generation"):  # generate decodes from cached block summaries
+        from .cab_cache import use_cab_cache  # cab_cache builds on this module
+
+        use_cab_cache(model)
     return model
