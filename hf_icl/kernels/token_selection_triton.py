@@ -27,12 +27,13 @@ rounding. Selections are therefore identical whenever no two candidates' ranks l
 and are not exactly equal — in particular for exact ties (equal keys give equal scores in both) and for inputs whose
 products and sums are exact (small integers, dyadic means), which the tests use to pin the tie rule.
 
-Outputs: ``keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices (B, H,
-Nq, W)`` int32, ascending block ids, the first ``counts[b, h, t]`` valid and the rest ``-1``; ``counts (B, H, Nq)``
-int32. ``W`` is :func:`selection_width`, a host-side bound on any row's count (no device read). With ``Nq == 1``
-(decode) that is the ``(B, H, 1, K)`` / ``(B, H, 1)`` layout the split-K decode kernel takes. ``streaming`` and
-``dense`` select the same blocks for every batch row and head: their outputs are expanded views (as in the
-reference).
+Outputs: ``keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices
+(B, H, Nq, W)`` int32, ascending block ids, the first ``counts[b, h, t]`` valid and the rest repeating the last of
+them (every entry a valid block id, as :func:`~hf_icl.kernels.block_sparse_reference.selected_block_indices` leaves
+them); ``counts (B, H, Nq)`` int32. ``W`` is :func:`selection_width`, a host-side bound on any row's count (no
+device read). With ``Nq == 1`` (decode) that is the ``(B, H, 1, K)`` / ``(B, H, 1)`` layout the split-K decode
+kernel takes. ``streaming`` and ``dense`` select the same blocks for every batch row and head: their outputs are
+expanded views (as in the reference).
 
 Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (tests); ``tl.dot`` sees float32 operands only, so the
 interpreter's bf16 dot problem does not arise.
@@ -306,10 +307,12 @@ if triton is not None:
                 cols[None, :] + tl.zeros([ROWS, MK], tl.int32),
                 mask=kept & row_ok[:, None] & (slot < width),
             )
+            # the tail repeats the row's last kept block: every entry is a valid block id (readers stop at count)
+            last = tl.max(tl.where(kept, cols[None, :], 0), axis=1)
             w = tl.arange(0, WIDTH_PAD)
             tl.store(
                 i_rows[:, None] + w.to(tl.int64)[None, :] * is_w,
-                tl.full([ROWS, WIDTH_PAD], -1, tl.int32),
+                last[:, None] + tl.zeros([ROWS, WIDTH_PAD], tl.int32),
                 mask=row_ok[:, None] & (w[None, :] >= count[:, None]) & (w[None, :] < width),
             )
             tl.store(counts + b * cs_b + h * cs_h + t.to(tl.int64) * cs_n, count, mask=row_ok)
@@ -398,7 +401,7 @@ def _validate(query, summaries, hop, n_keys, block_size, policy, budget, sparsit
     n_blocks = -(-n_keys // block_size)
     if n_blocks > MAX_KEY_BLOCKS:
         raise ValueError(f"n_keys={n_keys} gives {n_blocks} key blocks; the kernel takes at most {MAX_KEY_BLOCKS}")
-    if policy not in _SCORED_POLICIES:
+    if policy not in _SCORED_POLICIES or (budget == "row" and sparsity == 0):  # no scores: every visible block
         return
     batch, heads, _, dim = query.shape
     if not isinstance(summaries, (tuple, list)) or len(summaries) not in (1, 2):
