@@ -10,7 +10,9 @@ Sections:
    achieved bandwidth against the measured device-to-device copy bandwidth.
 2. **Prefill attention** per shape (B, H, D), length T and sparsity: dense causal SDPA (flash backend on CUDA),
    CAB total (coarsen + score + select + sparse attention), the sparse kernel alone on a precomputed selection,
-   FlexAttention compiled with the same block mask, and the selection's share of CAB's time.
+   FlexAttention compiled with the same block mask, and the selection's share of CAB's time; then a roofline table
+   of the same runs: each time's floor (:mod:`hf_icl.kernels.roofline`, peaks from ``--peak-bandwidth`` /
+   ``--peak-flops``, default H100 SXM) as a percentage of it.
 3. **End-to-end prefill** of a GPT-2-shaped model (12 layers, width 768, 12 heads, random weights, no LM head) with
    ``attn_implementation="cab"`` vs ``"sdpa"``.
 4. **Decode**: latency per generated token of the same model vs cache length (one step on a prefilled cache, which
@@ -42,6 +44,7 @@ from hf_icl.attention.token_selection import achieved_sparsity
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
 from hf_icl.kernels.block_sparse_reference import selected_block_indices, token_sparse_attention
 from hf_icl.kernels.coarsen import coarsen_max_l2
+from hf_icl.kernels.roofline import H100_SXM, DevicePeaks, block_sparse_floor, dense_causal_floor
 
 from .timing import emit_markdown, median_seconds
 
@@ -233,6 +236,7 @@ def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex)
         "| kernel speed-up | flex ms | kernel vs flex | selection % of CAB |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    floors = roofline_header(args, shape)
     for length in args.lengths:
         q, k, v = _inputs(shape, length, args.dtype, args.device)
         dense = median_seconds(dense_causal, args.repeats, args.device, q, k, v, warmup=args.warmup)
@@ -254,8 +258,48 @@ def attention_section(args, shape: tuple[int, int, int], use_kernel: bool, flex)
                 f"{_ms(kernel)} | {_ratio(dense, kernel)} | {_ms(flex_time)} | {_ratio(flex_time, kernel)} | "
                 f"{100 * selection / total:.0f}% |"
             )
+            measured = {"dense": dense, "CAB": total, "kernel": kernel, "flex": flex_time}
+            floors.append(roofline_row(args, shape, length, sparsity, tile_unions(keep, args.block_size), measured))
         del q, k, v
-    return lines
+    return lines + floors
+
+
+def roofline_header(args, shape: tuple[int, int, int]) -> list[str]:
+    """The roofline table's title and header (peaks from ``--peak-bandwidth`` / ``--peak-flops``)."""
+    peaks = getattr(args, "peaks", H100_SXM)  # parse_args sets it from --peak-bandwidth / --peak-flops
+    return [
+        "",
+        f"Roofline of the same runs (B, H, D = {shape}; peaks {peaks.bandwidth / 1e12:.2f} TB/s, "
+        f"{peaks.flop_rate / 1e12:.0f} TFLOP/s): each time's floor as a % of it (100% = at the roofline). The sparse "
+        "floor counts the executed block mask: q read and output written once, each kept K/V tile read once per "
+        "query block and head, 4·D FLOPs per attended pair; 'compulsory' reads K/V once in all (perfect reuse).",
+        "",
+        "| T | sparsity | floor ms | bound | compulsory floor ms | dense floor ms | dense % | CAB % | kernel % "
+        "| flex % |",
+        "|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+    ]
+
+
+def roofline_row(args, shape, length: int, sparsity: float, keep: torch.Tensor, measured: dict) -> str:
+    """One roofline row: the floors of ``keep`` (the block mask the kernel and flex execute) and of dense causal
+    attention, and each measured time (seconds or None) as a percentage of its floor."""
+    batch, heads, dim = shape
+    size = torch.empty((), dtype=args.dtype).element_size()
+    peaks = getattr(args, "peaks", H100_SXM)  # parse_args sets it from --peak-bandwidth / --peak-flops
+    sparse = block_sparse_floor(
+        keep, block_size=args.block_size, n_q=length, n_k=length, head_dim=dim, element_size=size
+    )
+    dense = dense_causal_floor(batch=batch, heads=heads, n=length, head_dim=dim, element_size=size)
+
+    def share(floor, seconds):
+        return "n/a" if seconds is None else f"{100 * floor.fraction(seconds, peaks):.3g}%"
+
+    return (
+        f"| {length} | {sparsity:.2f} | {1e3 * sparse.seconds(peaks):.3g} | {sparse.bound(peaks)} | "
+        f"{1e3 * sparse.seconds(peaks, compulsory=True):.3g} | {1e3 * dense.seconds(peaks):.3g} | "
+        f"{share(dense, measured['dense'])} | {share(sparse, measured['CAB'])} | {share(sparse, measured['kernel'])} | "
+        f"{share(sparse, measured['flex'])} |"
+    )
 
 
 def _kernel_time(args, q, k, v, keep, scaling, use_kernel):
@@ -435,6 +479,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--no-flex", dest="flex", action="store_false", help="skip FlexAttention")
+    parser.add_argument(
+        "--peak-bandwidth",
+        type=float,
+        default=H100_SXM.bandwidth,
+        help="device memory bandwidth for the roofline, bytes/s (default: H100 SXM, 3.35e12)",
+    )
+    parser.add_argument(
+        "--peak-flops",
+        type=float,
+        default=H100_SXM.flop_rate,
+        help="device dense matrix FLOP/s for the roofline (default: H100 SXM bf16, 9.9e14)",
+    )
     parser.add_argument("--output", default=None, help="append the markdown to this file")
     args = parser.parse_args(argv)
     defaults = dict(SMOKE if args.smoke else GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS)
@@ -448,6 +504,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if any(len(shape) != 3 for shape in args.shapes):
         parser.error(f"--shapes takes B,H,D triples, got {args.shapes}")
     args.dtype_name, args.dtype, args.device = args.dtype, getattr(torch, args.dtype), torch.device(args.device)
+    try:
+        args.peaks = DevicePeaks(bandwidth=args.peak_bandwidth, flop_rate=args.peak_flops)
+    except ValueError as error:
+        parser.error(f"--peak-bandwidth / --peak-flops: {error}")
     if args.device.type == "cpu" and not args.smoke:
         args.flex = False  # compiled FlexAttention is a GPU baseline
     return args
