@@ -285,10 +285,9 @@ def triton_next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def stacked_heads(block_size: int, head_dim: int, heads_per_group: int) -> int:
-    """The most query heads of a group (a divisor of ``heads_per_group``) whose stacked query blocks stay within
-    256 rows for ``head_dim`` <= 64 and 128 rows for 128 (the fp32 accumulator lives in registers)."""
-    row_cap = 256 if head_dim <= 64 else 128
+def stacked_heads(block_size: int, heads_per_group: int, row_cap: int) -> int:
+    """The most query heads of a group (a divisor of ``heads_per_group``) whose stacked query blocks, padded to a
+    power of two, stay within ``row_cap`` rows (the fp32 accumulators live in registers); at least 1."""
     fitting = [d for d in range(1, heads_per_group + 1) if heads_per_group % d == 0]
     return max(d for d in fitting if d == 1 or triton_next_power_of_2(d * block_size) <= row_cap)
 
@@ -299,12 +298,13 @@ def forward_tile_config(block_size: int, head_dim: int, heads_per_group: int = 1
 
     Untuned guesses from FlashAttention-2's choices, until a GPU run (``hf-icl bench cab --device cuda``) tunes them:
     128-key tiles for D <= 64 and 64-key tiles for D = 128 (K + V tiles of 16-32 KB in bf16); 8 warps once the
-    fp32 accumulator reaches 128 × 128, else 4; 3 pipeline stages, 2 for D = 128 (shared memory).
+    fp32 accumulator reaches 128 × 128, else 4; 3 pipeline stages, 2 for D = 128 (shared memory); heads of a group
+    stacked up to 256 rows for D <= 64 and 128 rows for D = 128.
 
     >>> forward_tile_config(64, 128, heads_per_group=4)
     TileConfig(block_n=64, heads_per_program=2, num_warps=8, num_stages=2)
     """
-    heads = stacked_heads(block_size, head_dim, heads_per_group)
+    heads = stacked_heads(block_size, heads_per_group, row_cap=256 if head_dim <= 64 else 128)
     rows = triton_next_power_of_2(heads * block_size)
     return TileConfig(
         block_n=128 if head_dim <= 64 else 64,

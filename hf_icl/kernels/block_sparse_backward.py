@@ -58,7 +58,7 @@ def backward_tile_config(block_size: int, head_dim: int, heads_per_group: int = 
     >>> backward_tile_config(32, 64, heads_per_group=4).heads_per_program
     4
     """
-    heads = stacked_heads(block_size, 2 * head_dim, heads_per_group)  # the forward's row caps, halved
+    heads = stacked_heads(block_size, heads_per_group, row_cap=128 if head_dim <= 64 else 64)
     rows = heads * block_size
     return TileConfig(
         block_n=block_size, heads_per_program=heads, num_warps=8 if rows * head_dim >= 128 * 64 else 4, num_stages=2
