@@ -8,6 +8,7 @@ summarise the whole cache. Tiny random GPT-2 (MHA) and Llama (grouped-query atte
 
 from __future__ import annotations
 
+import copy
 import itertools
 
 import pytest
@@ -429,6 +430,15 @@ def test_a_left_padded_batch_keeps_the_uncached_path_and_equals_each_row_alone(s
     for i, row in enumerate(rows):
         alone = generate(model, row[None], max_new_tokens=12)
         assert batched[i, 60:].tolist() == alone.sequences[0, len(row) :].tolist()
+
+
+def test_a_copied_model_builds_its_own_cache():
+    model = cab(gpt2())
+    twin = copy.deepcopy(model)
+    assert twin._prepare_cache_for_generation.model is twin  # the hook follows the copy, not the original
+    ids = tokens(1, 40)
+    assert_same_generation(generate(twin, ids, max_new_tokens=5), generate(model, ids, max_new_tokens=5))
+    assert type(generate(twin, ids, max_new_tokens=2).past_key_values) is CABCache
 
 
 def test_a_user_cache_and_other_attention_are_left_alone():

@@ -4,7 +4,7 @@ Without this module every decode step of every layer re-summarises the whole key
 can pick blocks. Here a :class:`CABCache` (a ``transformers.DynamicCache``) keeps, per layer and per KV head, the
 summaries of every *complete* key block (element-wise min and max keys for ``cab_score="bound"``, mean keys for
 ``"mean"`` and for the FRC policies' two-hop term, the largest-norm key for ``"max_l2"``) and summarises only the
-blocks that a ``update()`` completes. A decode step then scores ``O(blocks · D)`` of metadata and runs the sparse
+blocks that an ``update()`` completes. A decode step then scores ``O(blocks · D)`` of metadata and runs the sparse
 attention over the kept blocks. The summaries are :func:`~.token_selection.key_block_summaries` of the new blocks,
 so they equal that function on the whole cache; the selection from them is the rule of :mod:`.token_selection`
 (candidates are complete blocks only, so the partial last block's summary is never needed: it scores as zeros).
@@ -18,15 +18,21 @@ reorder or trim the summaries with the keys; ``reset``, offloading or anything e
 unseen leaves summaries that describe no current tensor, so the next ``update()`` recomputes them from scratch.
 Summaries are never reused for a tensor they were not computed for.
 
+Who builds them. ``generate`` on a model that went through :func:`~.cab.enable_cab` (or :func:`use_cab_cache`;
+a model loaded with ``attn_implementation="cab"`` needs one of the two calls) makes a :class:`CABCache` instead of
+its default ``DynamicCache``; a step-by-step ``forward`` loop passes ``past_key_values=CABCache(model.config)``.
+
 What uses them. :func:`cached_block_selection` serves CAB calls whose queries continue a cache (decode and
 chunked prefill) on unpadded batches; padded batches keep the uncached path (blocks are laid over each row's
 real tokens, which a per-position summary cannot follow), as do the ``"oracle"`` policy (true attention mass
-needs every key) and the first prefill (so a fused prefill selection keeps it). FRC policies also cache their
-block-to-block hop matrix, ``(B, Hk, Mk, Mk)`` floats per layer, recomputed only when the block count changes.
+needs every key) and the first prefill (its whole-prompt selection stays with the rule's own path). FRC policies
+also cache their block-to-block hop matrix, ``(B, Hk, Mk, Mk)`` floats per layer, recomputed only when the block
+count changes.
 
-Exactness. On CPU the cached path is bitwise the uncached one (the tests compare them). On CUDA the min, max and
-max-L2 summaries are exact; a mean key's float sum and the score matmuls may round differently in the last bit
-when their shapes differ, as prefill and decode already do.
+Exactness. On CPU the cached path is bitwise the uncached one (the tests compare them). On CUDA min and max keys
+are exact, but a mean key and a max-L2 norm are float sums that a block-at-a-time reduction may round differently
+in the last bit from a whole-cache one (and the scores read strided buffers); a near-tie between two blocks could
+then rank the other way, as between prefill and decode already (not measured: no GPU was available).
 
     >>> import torch, hf_icl
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -322,7 +328,7 @@ class _PrepareCABCache:
         type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, *args, **kwargs)
         cache = model_kwargs.get("past_key_values")
         made_here = type(cache) is DynamicCache and not getattr(cache, "_is_user_defined", False)
-        if made_here and not cache.offloading and model.config._attn_implementation == NAME:
+        if made_here and not getattr(cache, "offloading", False) and model.config._attn_implementation == NAME:
             model_kwargs["past_key_values"] = CABCache(model.config.get_text_config(decoder=True))
 
 
@@ -425,7 +431,8 @@ def _pick(scores, candidate, remaining, max_count, params, summaries, n_blocks, 
     if params.policy == "magnitude":
         return _top_among(scores, candidate, remaining, max_count)
     hop = summaries.hop_matrix(params.score, n_blocks, scaling)
-    hop = hop.repeat_interleave(scores.shape[1] // hop.shape[1], dim=1)
+    if hop.shape[1] != scores.shape[1]:  # per query head, as the rule multiplies it (same shapes, same rounding)
+        hop = hop.repeat_interleave(scores.shape[1] // hop.shape[1], dim=1)
     frc = token_frc_scores(scores, candidate, hop, params.lam)
     if params.policy == "frc":
         return _top_among(frc, candidate, remaining, max_count)
