@@ -457,6 +457,17 @@ def test_kernel_argument_validation():
         block_sparse_attention_triton(q, k, v, *selection_lists(differing), group_heads=True, **kwargs)
     with pytest.raises(ValueError, match=r"tile_counts must be None or a contiguous int32 tensor \(1, 4, 2, 2\)"):
         block_sparse_attention_triton(q, k, v, indices, counts, tile_counts=torch.zeros(1, 4, 2, 2), **kwargs)
+    one_row = torch.tensor([[True, False], [True, True]] * 2, device=DEVICE).view(1, 4, 1, 2)  # heads 0, 1 differ
+    dispatchers = [
+        lambda: block_sparse_attention_forward(q, k, v, differing, group_heads=True, backend="triton", **kwargs),
+        lambda: block_sparse_flash_attention(q, k, v, differing, group_heads=True, backend="triton", **kwargs),
+        lambda: block_sparse_decode(
+            q[:, :, :1], k, v, one_row, group_heads=True, q_offset=20, backend="triton", **kwargs
+        ),
+    ]
+    for call in dispatchers:  # the dispatchers check a vouched-for sharing before any kernel runs
+        with pytest.raises(ValueError, match="group_heads=True needs"):
+            call()
     with pytest.raises(ValueError, match="tiles must be a TileConfig or None, got dict"):
         block_sparse_attention_triton(q, k, v, indices, counts, tiles={"block_n": 16}, **kwargs)
 

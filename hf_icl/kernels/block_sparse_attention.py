@@ -72,6 +72,7 @@ __all__ = [
     "block_sparse_attention_reference",
     "block_sparse_attention_triton",
     "forward_tile_config",
+    "selection_lists",
     "selection_shared_by_groups",
 ]
 
@@ -230,6 +231,21 @@ def resolve_group_heads(group_heads, indices: torch.Tensor, counts: torch.Tensor
     if kv_group == 1 or group_heads is False:
         return False
     shared = _indices_shared_by_groups(indices, counts, kv_group) if group_heads is None or check else True
+    if group_heads and not shared:
+        raise ValueError(
+            "group_heads=True needs every query head of a KV-head group to keep the same blocks, but the selection "
+            "differs within a group; pass group_heads=None (detect) or False (one head per program)"
+        )
+    return shared
+
+
+def resolve_keep_groups(group_heads, keep: torch.Tensor, kv_heads: int, check: bool) -> bool:
+    """:func:`resolve_group_heads` for a ``keep (B, H, Mq, Mk)`` selection and ``kv_heads`` K / V heads."""
+    if group_heads is not None and not isinstance(group_heads, bool):
+        raise ValueError(f"group_heads must be None, True or False, got {group_heads!r}")
+    if kv_heads == keep.shape[1] or group_heads is False:
+        return False
+    shared = selection_shared_by_groups(keep, kv_heads) if group_heads is None or check else True
     if group_heads and not shared:
         raise ValueError(
             "group_heads=True needs every query head of a KV-head group to keep the same blocks, but the selection "
@@ -781,7 +797,8 @@ def block_sparse_attention_forward(
     validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)
     check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
+    grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=True)
     indices, counts = selection_lists(keep)
     return block_sparse_attention_triton(
-        q, k, v, indices, counts, key_padding_mask=key_padding_mask, validate=False, group_heads=group_heads, **kwargs
+        q, k, v, indices, counts, key_padding_mask=key_padding_mask, validate=False, group_heads=grouped, **kwargs
     )

@@ -40,8 +40,8 @@ from .block_sparse_attention import (
     check_tile_config,
     count_below,
     full_key_blocks,
+    resolve_keep_groups,
     selection_lists,
-    selection_shared_by_groups,
     stacked_heads,
     validate_keep,
     validate_qkv,
@@ -332,21 +332,6 @@ def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offse
             raise ValueError(f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {q.device}, got {got}")
 
 
-def _resolve_keep_groups(group_heads, keep: torch.Tensor, kv_heads: int, check: bool) -> bool:
-    """``group_heads`` (None / True / False) against ``keep``: whether the group's heads may share programs."""
-    if group_heads is not None and not isinstance(group_heads, bool):
-        raise ValueError(f"group_heads must be None, True or False, got {group_heads!r}")
-    if kv_heads == keep.shape[1] or group_heads is False:
-        return False
-    shared = selection_shared_by_groups(keep, kv_heads) if group_heads is None or check else True
-    if group_heads and not shared:
-        raise ValueError(
-            "group_heads=True needs every query head of a KV-head group to keep the same blocks, but the selection "
-            "differs within a group; pass group_heads=None (detect) or False (one head per program)"
-        )
-    return shared
-
-
 def block_sparse_attention_backward_triton(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -378,7 +363,7 @@ def block_sparse_attention_backward_triton(
     batch, heads, n_q, head_dim = q.shape
     n_k, kv_heads = k.shape[2], k.shape[1]
     kv_group = heads // kv_heads
-    grouped = _resolve_keep_groups(group_heads, keep, kv_heads, check=validate)
+    grouped = resolve_keep_groups(group_heads, keep, kv_heads, check=validate)
     if tiles is None:
         tiles = backward_tile_config(block_size, head_dim, kv_group if grouped else 1)
     tiles = check_tile_config(tiles, kv_group, grouped)
@@ -428,7 +413,7 @@ class _BlockSparseFlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, keep, key_padding_mask, block_size, scaling, q_offset, group_heads):
-        grouped = _resolve_keep_groups(group_heads, keep, k.shape[1], check=False)
+        grouped = group_heads  # resolved by block_sparse_flash_attention
         indices, counts = selection_lists(keep)
         out, lse = block_sparse_attention_triton(
             q,
@@ -493,4 +478,5 @@ def block_sparse_flash_attention(
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_keep(q, k, keep, block_size)
         check_key_padding_mask(key_padding_mask, q, k)
-    return _BlockSparseFlashAttention.apply(q, k, v, keep, key_padding_mask, block_size, scaling, q_offset, group_heads)
+    grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=validate)
+    return _BlockSparseFlashAttention.apply(q, k, v, keep, key_padding_mask, block_size, scaling, q_offset, grouped)

@@ -42,6 +42,7 @@ from .block_sparse_attention import (
     check_tile_config,
     full_key_blocks,
     resolve_group_heads,
+    resolve_keep_groups,
     selection_lists,
     triton_next_power_of_2,
     validate_keep,
@@ -413,7 +414,8 @@ def block_sparse_decode(
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_keep(q, k, keep, block_size)
         check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
+    grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=validate)
     indices, counts = selection_lists(keep)
     return block_sparse_decode_triton(
-        q, k, v, indices, counts, key_padding_mask=key_padding_mask, validate=False, group_heads=group_heads, **kwargs
+        q, k, v, indices, counts, key_padding_mask=key_padding_mask, validate=False, group_heads=grouped, **kwargs
     )

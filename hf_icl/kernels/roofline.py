@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["H100_SXM", "AttentionFloor", "DevicePeaks", "block_sparse_floor", "dense_causal_floor"]
+__all__ = ["H100_SXM", "AttentionFloor", "DevicePeaks", "attended_pairs", "block_sparse_floor", "dense_causal_floor"]
 
 
 @dataclass(frozen=True)
