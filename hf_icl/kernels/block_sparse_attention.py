@@ -223,35 +223,35 @@ def _indices_shared_by_groups(indices: torch.Tensor, counts: torch.Tensor, kv_gr
     return bool((cnt == cnt[:, :, :1]).all() & same_ids.all())
 
 
-def resolve_group_heads(group_heads, indices: torch.Tensor, counts: torch.Tensor, kv_group: int, check: bool) -> bool:
+def _resolve_sharing(group_heads, grouped_query: bool, is_shared, check: bool) -> bool:
     """``group_heads`` (None = detect, True = the caller vouches, False = one head per program) → whether the
-    kernels may stack a KV group's query heads. ``check`` verifies a True against the selection."""
+    kernels may stack a KV group's query heads; ``is_shared()`` looks at the selection (a device sync), which
+    ``check`` also asks of a True."""
     if group_heads is not None and not isinstance(group_heads, bool):
         raise ValueError(f"group_heads must be None, True or False, got {group_heads!r}")
-    if kv_group == 1 or group_heads is False:
+    if not grouped_query or group_heads is False:
         return False
-    shared = _indices_shared_by_groups(indices, counts, kv_group) if group_heads is None or check else True
+    shared = is_shared() if group_heads is None or check else True
     if group_heads and not shared:
         raise ValueError(
             "group_heads=True needs every query head of a KV-head group to keep the same blocks, but the selection "
             "differs within a group; pass group_heads=None (detect) or False (one head per program)"
         )
     return shared
+
+
+def resolve_group_heads(group_heads, indices: torch.Tensor, counts: torch.Tensor, kv_group: int, check: bool) -> bool:
+    """Whether the kernels may stack the query heads of each KV group (``kv_group`` of them) for the selection
+    ``(indices, counts)``, given the caller's ``group_heads`` (see :func:`block_sparse_attention_triton`)."""
+    return _resolve_sharing(
+        group_heads, kv_group > 1, lambda: _indices_shared_by_groups(indices, counts, kv_group), check
+    )
 
 
 def resolve_keep_groups(group_heads, keep: torch.Tensor, kv_heads: int, check: bool) -> bool:
-    """:func:`resolve_group_heads` for a ``keep (B, H, Mq, Mk)`` selection and ``kv_heads`` K / V heads."""
-    if group_heads is not None and not isinstance(group_heads, bool):
-        raise ValueError(f"group_heads must be None, True or False, got {group_heads!r}")
-    if kv_heads == keep.shape[1] or group_heads is False:
-        return False
-    shared = selection_shared_by_groups(keep, kv_heads) if group_heads is None or check else True
-    if group_heads and not shared:
-        raise ValueError(
-            "group_heads=True needs every query head of a KV-head group to keep the same blocks, but the selection "
-            "differs within a group; pass group_heads=None (detect) or False (one head per program)"
-        )
-    return shared
+    """:func:`resolve_group_heads` for a ``keep (B, H, Mq, Mk)`` selection over ``kv_heads`` K / V heads."""
+    grouped_query = kv_heads != keep.shape[1]
+    return _resolve_sharing(group_heads, grouped_query, lambda: selection_shared_by_groups(keep, kv_heads), check)
 
 
 @dataclass(frozen=True)
