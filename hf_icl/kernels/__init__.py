@@ -1,5 +1,6 @@
 """Triton kernels with their PyTorch references and dispatchers: CAB's block-sparse attention (and its per-token
-executor) and causal linear attention.
+executor), CAB's fused per-token block selection (its reference and dispatcher are
+:func:`hf_icl.attention.token_selection.select_token_blocks`) and causal linear attention.
 
 Importing this package never requires triton: kernels are only defined when it is importable.
 """
@@ -24,6 +25,7 @@ from .linear_attention import (
     linear_attention_state,
     linear_attention_step,
 )
+from .token_selection_triton import fused_selection_unsupported, selection_width, token_selection_triton
 
 __all__ = [
     "block_sparse_attention_backward_triton",
@@ -38,6 +40,9 @@ __all__ = [
     "coarsen_max_l2_reference",
     "coarsen_max_l2_triton",
     "triton_available",
+    "fused_selection_unsupported",
+    "selection_width",
+    "token_selection_triton",
     "apply_feature_map",
     "causal_linear_attention",
     "feature_dim",

@@ -11,8 +11,8 @@ One launch. A program takes a tile of query tokens for *all* the query heads of 
 attention: the KV head's summaries are read once for its group) and holds each row's scores for every key block in
 registers, ``(rows, Mk)`` float32:
 
-* scores: ``scaling * q · summary`` (``"bound"``: ``q⁺ · kmax + q⁻ · kmin``) as IEEE float32 dots over head-dim
-  chunks, the query upcast to float32 first (so bf16 / fp16 queries are scored exactly like the reference does);
+* scores: ``scaling * q · summary`` (``"bound"``: ``q⁺ · kmax + q⁻ · kmin``), float32 sums over the head dim, the
+  query upcast to float32 first (so bf16 / fp16 queries are scored like the reference scores them);
 * FRC (``frc``, ``frc_low``, ``hybrid``): candidate scores min–max normalised per row, the two-hop term
   ``A @ hop`` against the hop matrix the caller passes (``(B, Hk, Mk, Mk)``), ``A - lam · two_hop / n``;
 * top-k without a sort: a bisection over the 32-bit order-preserving integer image of the float ranks finds each
@@ -35,8 +35,9 @@ device read). With ``Nq == 1`` (decode) that is the ``(B, H, 1, K)`` / ``(B, H, 
 kernel takes. ``streaming`` and ``dense`` select the same blocks for every batch row and head: their outputs are
 expanded views (as in the reference).
 
-Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (tests); ``tl.dot`` sees float32 operands only, so the
-interpreter's bf16 dot problem does not arise.
+Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (tests). It has no ``tl.dot``: scores and the two-hop
+term are float32 outer products accumulated in registers (IEEE float32 like the reference's matmul, no TF32, no
+shared-memory tiles to outgrow), so the interpreter's bf16 dot problem does not arise either.
 """
 
 from __future__ import annotations
@@ -66,10 +67,12 @@ MAX_KEY_BLOCKS = 4096
 _POLICY_CODES = {name: code for code, name in enumerate(FUSED_POLICIES)}
 _FRC_POLICIES = ("frc", "frc_low", "hybrid")
 _SCORED_POLICIES = ("magnitude", *_FRC_POLICIES)
-# a row tile of scores: at most this many float32 values per program (registers), and at least 16 rows (tl.dot)
-_TILE_VALUES = 16384
-_SUMMARY_TILE_VALUES = 8192
-_HOP_CHUNK = 16  # key blocks per two-hop step (tl.dot's smallest K)
+# a program's tile of scores, rows × key blocks: at most this many float32 values and 64 rows. Compiled for sm_90,
+# 8192 values on 8 warps take ~200 registers a thread without spilling for magnitude; FRC holds three such tiles,
+# so it takes half (not yet timed on a GPU: a tuning knob)
+_TILE_VALUES = 8192
+_MAX_ROWS = 64
+_HOP_CHUNK = 16  # the two-hop term picks A's columns out of chunks of this many key blocks
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -82,12 +85,12 @@ if triton is not None:
 
     @triton.jit
     def _order_key(rank):
-        """float32 → int64 whose order is the float order (NaN and -inf lowest, -0 = +0), as the reference's keys."""
+        """float32 → int32 whose order is the float order (NaN and -inf lowest, -0 = +0), as the reference's keys."""
         lowest = -3.4028234663852886e38
         value = tl.where((rank != rank) | (rank == float("-inf")), lowest, rank)
         value = tl.where(value == 0.0, 0.0, value)
         bits = value.to(tl.int32, bitcast=True)
-        return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits).to(tl.int64)
+        return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
     @triton.jit
     def _top_among(rank, candidate, count):
@@ -97,25 +100,70 @@ if triton is not None:
         candidates at or above it; 32 halvings of the 32-bit range leave it at that key. Then every candidate
         above it, and the first ``k - above`` candidates equal to it in column order.
         """
-        key = _order_key(rank)
+        key = _order_key(rank)  # int32 per entry; the bisection bounds are int64 per row (no overflow at the ends)
         n_candidates = tl.sum(candidate.to(tl.int32), axis=1)
         k = tl.maximum(tl.minimum(count, n_candidates), 0)
         lo = tl.full(k.shape, -(2**31), tl.int64)
         hi = tl.full(k.shape, 2**31 - 1, tl.int64)
         for _ in range(32):
             mid = lo + ((hi - lo + 1) >> 1)
-            n_at_least = tl.sum((candidate & (key >= mid[:, None])).to(tl.int32), axis=1)
+            n_at_least = tl.sum((candidate & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
             enough = n_at_least >= k
             lo = tl.where(enough, mid, lo)
             hi = tl.where(enough, hi, mid - 1)
-        above = candidate & (key > lo[:, None])
-        tied = candidate & (key == lo[:, None])
+        threshold = lo.to(tl.int32)
+        above = candidate & (key > threshold[:, None])
+        tied = candidate & (key == threshold[:, None])
         still = k - tl.sum(above.to(tl.int32), axis=1)
         first_ties = tied & (tl.cumsum(tied.to(tl.int32), axis=1) <= still[:, None])
         return (above | first_ties) & (k > 0)[:, None]
 
     @triton.jit
-    def _frc(scores, candidate, hop, b, hk, hs_b, hs_h, hs_r, hs_m, cols, n_summaries, lam, ROWS, MK, HOP_CHUNK):
+    def _summary_products(
+        q_rows,
+        qs_d,
+        row_ok,
+        summary,
+        s_rows,
+        ss_d,
+        summary_ok,
+        head_dim,
+        SIGN: tl.constexpr,
+        ROWS: tl.constexpr,
+        MK: tl.constexpr,
+    ):
+        """``q · summary`` for every (row, key block), float32 ``(ROWS, MK)``: one outer product per head dim (in
+        registers, so any number of key blocks up to the register budget and no shared memory); ``SIGN`` 1 / -1 keeps
+        only the query's positive / negative components (the bound score's two halves), 0 all of them."""
+        raw = tl.zeros([ROWS, MK], tl.float32)
+        for d in range(0, head_dim):
+            q_col = tl.load(q_rows + d * qs_d, mask=row_ok, other=0.0).to(tl.float32)
+            if SIGN > 0:
+                q_col = tl.maximum(q_col, 0.0)
+            elif SIGN < 0:
+                q_col = tl.minimum(q_col, 0.0)
+            s_col = tl.load(summary + s_rows + d * ss_d, mask=summary_ok, other=0.0)
+            raw = tl.fma(q_col[:, None], s_col[None, :], raw)
+        return raw
+
+    @triton.jit
+    def _frc(
+        scores,
+        candidate,
+        hop,
+        b,
+        hk,
+        hs_b,
+        hs_h,
+        hs_r,
+        hs_m,
+        cols,
+        n_summaries,
+        lam,
+        ROWS: tl.constexpr,
+        MK: tl.constexpr,
+        HOP_CHUNK: tl.constexpr,
+    ):
         """Causal FRC per row: ``A - lam * (A @ hop) / n_candidates`` on the candidates, 0 elsewhere."""
         lo = tl.min(tl.where(candidate, scores, float("inf")), axis=1)
         hi = tl.max(tl.where(candidate, scores, float("-inf")), axis=1)
@@ -127,22 +175,23 @@ if triton is not None:
         divisor = tl.where(span > 0, tl.maximum(span, tiny), 1.0)
         a = tl.where(span[:, None] > 0, tl.math.div_rn(scores - safe_lo[:, None], divisor[:, None]), 1.0)
         a = tl.where(candidate, a, 0.0)
-        # two_hop = A @ hop, HOP_CHUNK rows of hop at a time; A's matching columns are picked out of the register
-        # tile (a one-hot sum over the chunk axis adds zeros only, so it is exact)
+        # two_hop = A @ hop as outer products, one hop row r at a time. A's column r is picked out of the register
+        # tile in two one-hot sums (its chunk of HOP_CHUNK columns, then the column), which add zeros only: exact.
         chunks = tl.reshape(a, (ROWS, MK // HOP_CHUNK, HOP_CHUNK))
         chunk_ids = tl.arange(0, MK // HOP_CHUNK)
         inner = tl.arange(0, HOP_CHUNK)
+        hop_base = hop + b * hs_b + hk * hs_h + cols.to(tl.int64) * hs_m
         col_ok = cols < n_summaries
         two_hop = tl.zeros([ROWS, MK], tl.float32)
-        for c in range(0, MK // HOP_CHUNK):
+        for c in range(0, tl.cdiv(n_summaries, HOP_CHUNK)):  # rows past the summaries are zero: skipped
             a_chunk = tl.sum(tl.where(chunk_ids[None, :, None] == c, chunks, 0.0), axis=1)
-            hop_rows = c * HOP_CHUNK + inner
-            hop_tile = tl.load(
-                hop + b * hs_b + hk * hs_h + hop_rows.to(tl.int64)[:, None] * hs_r + cols.to(tl.int64)[None, :] * hs_m,
-                mask=(hop_rows < n_summaries)[:, None] & col_ok[None, :],
-                other=0.0,
-            )
-            two_hop += tl.dot(a_chunk, hop_tile, input_precision="ieee")
+            for i in tl.static_range(HOP_CHUNK):
+                r = c * HOP_CHUNK + i
+                a_col = tl.sum(tl.where(inner[None, :] == i, a_chunk, 0.0), axis=1)
+                hop_row = tl.load(
+                    hop_base + r.to(tl.int64) * hs_r, mask=col_ok & (cols * 0 + r < n_summaries), other=0.0
+                )
+                two_hop = tl.fma(a_col[:, None], hop_row[None, :], two_hop)
         n_candidates = tl.maximum(tl.sum(candidate.to(tl.int32), axis=1), 1).to(tl.float32)
         frc = a - tl.math.div_rn(lam * two_hop, n_candidates[:, None])
         return tl.where(candidate, frc, 0.0)
@@ -202,7 +251,6 @@ if triton is not None:
         BLOCK_T: tl.constexpr,
         ROWS: tl.constexpr,
         MK: tl.constexpr,
-        BLOCK_D: tl.constexpr,
         HOP_CHUNK: tl.constexpr,
         WIDTH_PAD: tl.constexpr,
         WRITE_INDICES: tl.constexpr,
@@ -239,31 +287,20 @@ if triton is not None:
                 chosen = candidate & (cols[None, :] > (own - local_blocks - remaining)[:, None])
             else:
                 # block scores, each KV head's summaries read once for its whole group of query heads
-                dims = tl.arange(0, BLOCK_D)
                 q_rows = q + b * qs_b + h * qs_h + t.to(tl.int64) * qs_n
                 s_rows = b * ss_b + hk * ss_h + cols.to(tl.int64) * ss_m
                 summary_ok = cols < n_summaries
-                raw = tl.zeros([ROWS, MK], tl.float32)
-                raw_negative = tl.zeros([ROWS, MK], tl.float32)
-                for d0 in range(0, head_dim, BLOCK_D):
-                    d = d0 + dims
-                    d_ok = d < head_dim
-                    q_tile = tl.load(
-                        q_rows[:, None] + d.to(tl.int64)[None, :] * qs_d,
-                        mask=row_ok[:, None] & d_ok[None, :],
-                        other=0.0,
-                    ).to(tl.float32)
-                    s_offsets = s_rows[:, None] + d.to(tl.int64)[None, :] * ss_d
-                    s_mask = summary_ok[:, None] & d_ok[None, :]
-                    first = tl.load(s_first + s_offsets, mask=s_mask, other=0.0)
-                    if BOUND:  # positive query components meet kmax, negative ones kmin (two sums, as the reference)
-                        second = tl.load(s_second + s_offsets, mask=s_mask, other=0.0)
-                        raw += tl.dot(tl.maximum(q_tile, 0.0), tl.trans(second), input_precision="ieee")
-                        raw_negative += tl.dot(tl.minimum(q_tile, 0.0), tl.trans(first), input_precision="ieee")
-                    else:
-                        raw += tl.dot(q_tile, tl.trans(first), input_precision="ieee")
-                if BOUND:
-                    raw = raw + raw_negative
+                if BOUND:  # positive query components meet kmax, negative ones kmin: two sums, added (the reference)
+                    raw = _summary_products(
+                        q_rows, qs_d, row_ok, s_second, s_rows, ss_d, summary_ok, head_dim, 1, ROWS, MK
+                    )
+                    raw = raw + _summary_products(
+                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, -1, ROWS, MK
+                    )
+                else:
+                    raw = _summary_products(
+                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, 0, ROWS, MK
+                    )
                 scores = raw * scaling
                 if POLICY == 2:  # magnitude
                     chosen = _top_among(scores, candidate, remaining)
@@ -442,14 +479,13 @@ def _describe(x) -> str:
     return repr(x) if x is None else type(x).__name__
 
 
-def _tiles(n_q: int, group: int, mk: int, head_dim: int) -> dict[str, int]:
-    """Rows per program (``group`` heads × BLOCK_T tokens, at least 16 for tl.dot) and the head-dim chunk."""
+def _tiles(n_q: int, group: int, mk: int, tile_values: int) -> dict[str, int]:
+    """Rows per program: ``group`` heads (padded to a power of two) × ``BLOCK_T`` tokens, as many as the tile allows
+    (a decode step, one token, takes just its group)."""
     group_pad = _next_power_of_2(group)
-    rows_wanted = max(16, min(64, _TILE_VALUES // mk))
+    rows_wanted = max(1, min(_MAX_ROWS, tile_values // mk))
     block_t = min(max(1, rows_wanted // group_pad), _next_power_of_2(n_q))
-    block_t = max(block_t, 16 // min(group_pad, 16))
-    block_d = max(16, min(64, _SUMMARY_TILE_VALUES // mk, _next_power_of_2(head_dim)))
-    return {"BLOCK_T": block_t, "ROWS": group_pad * block_t, "BLOCK_D": block_d}
+    return {"BLOCK_T": block_t, "ROWS": group_pad * block_t}
 
 
 def token_selection_triton(
@@ -507,7 +543,7 @@ def token_selection_triton(
     n_summaries = summaries[0].shape[2] if scored else 0
     group = out_heads // kv_heads
     mk = max(16, _next_power_of_2(n_blocks))
-    tiles = _tiles(n_q, group, mk, head_dim)
+    tiles = _tiles(n_q, group, mk, _TILE_VALUES // 2 if policy in _FRC_POLICIES else _TILE_VALUES)
     width = selection_width(
         n_blocks,
         n_keys=n_keys,
@@ -572,7 +608,7 @@ def token_selection_triton(
             WRITE_INDICES=return_indices,
             # the reference rounds every product and sum on its own: no fused multiply-adds
             enable_fp_fusion=False,
-            num_warps=4 if tiles["ROWS"] * mk <= 4096 else 8,
+            num_warps=min(8, _next_power_of_2(max(1, tiles["ROWS"] * mk // 512))),
             **tiles,
         )
     full = (batch, heads, n_q)
