@@ -13,6 +13,9 @@ Sections:
    FlexAttention compiled with the same block mask, and the selection's share of CAB's time; then a roofline table
    of the same runs: each time's floor (:mod:`hf_icl.kernels.roofline`, peaks from ``--peak-bandwidth`` /
    ``--peak-flops``, default H100 SXM) as a percentage of it.
+   **Selection alone**: the per-token selection CAB runs, PyTorch reference vs the fused Triton kernel
+   (``select_token_blocks(backend=...)``), and how many (token, block) entries the two disagree on. GPU only: on a CPU
+   the kernel runs only under ``TRITON_INTERPRET=1`` (``--smoke`` exercises it there).
 3. **End-to-end prefill** of a GPT-2-shaped model (12 layers, width 768, 12 heads, random weights, no LM head) with
    ``attn_implementation="cab"`` vs ``"sdpa"``.
 4. **Decode**: latency per generated token of the same model vs cache length (one step on a prefilled cache, which
@@ -32,6 +35,7 @@ import contextlib
 import platform
 import sys
 import time
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -40,7 +44,7 @@ from transformers import DynamicCache
 
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.cab_cache import CABCache
-from hf_icl.attention.token_selection import achieved_sparsity
+from hf_icl.attention.token_selection import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
 from hf_icl.kernels.block_sparse_reference import selected_block_indices, token_sparse_attention
 from hf_icl.kernels.coarsen import coarsen_max_l2
@@ -302,6 +306,60 @@ def roofline_row(args, shape, length: int, sparsity: float, keep: torch.Tensor, 
     )
 
 
+def selection_section(args, shape: tuple[int, int, int], fused: bool) -> list[str]:
+    """The selection alone, as CAB runs it at each (T, sparsity): the PyTorch reference vs the fused Triton kernel."""
+    batch, heads, dim = shape
+    params = CABParams(block_size=args.block_size, policy=args.policy, min_seq_len=0)
+    title = (
+        f"Selection alone (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
+        f"score {params.score}, {args.dtype_name}): PyTorch reference vs fused Triton kernel"
+    )
+    if not fused:
+        return [
+            "",
+            f"{title}: skipped. On a CPU the fused kernel runs only under TRITON_INTERPRET=1, which times the "
+            "interpreter, not the kernel; run `hf-icl bench cab --device cuda` (`--smoke` exercises it interpreted).",
+        ]
+    lines = [
+        "",
+        f"{title}; 'differ' counts the (token, block) entries where the two selections disagree (float32 scores "
+        "summed in another order can swap candidates whose scores are within rounding):",
+        "",
+        "| T | sparsity | PyTorch ms | fused ms | speed-up | differ |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for length in args.lengths:
+        q, k, _ = _inputs(shape, length, args.dtype, args.device)
+        for sparsity in args.sparsities:
+            rule = _selection_rule(replace(params, sparsity=sparsity), dim**-0.5)
+            times, keeps = {}, {}
+            for backend in ("reference", "triton"):
+                select = partial(select_token_blocks, backend=backend, **rule)
+                try:
+                    times[backend] = median_seconds(select, args.repeats, args.device, q, k, warmup=args.warmup)
+                    keeps[backend] = select(q, k)
+                except (ValueError, torch.OutOfMemoryError) as error:  # unsupported policy or too long: say so
+                    print(f"selection ({backend}) at T={length}: {type(error).__name__}: {error}")
+                    times[backend] = keeps[backend] = None
+                    if args.device.type == "cuda":
+                        torch.cuda.empty_cache()
+            differ = "n/a" if None in keeps.values() else str(int((keeps["reference"] != keeps["triton"]).sum()))
+            lines.append(
+                f"| {length} | {sparsity:.2f} | {_ms(times['reference'])} | {_ms(times['triton'])} | "
+                f"{_ratio(times['reference'], times['triton'])} | {differ} |"
+            )
+            del keeps
+        del q, k
+    return lines
+
+
+def _selection_rule(params: CABParams, scaling: float) -> dict:
+    """``select_token_blocks``'s keyword arguments for CAB's selection under ``params`` (no padding)."""
+    fields = ("block_size", "policy", "score", "budget", "sparsity", "topk", "sink_blocks", "local_blocks")
+    rule = {name: getattr(params, name) for name in (*fields, "min_seq_len", "lam", "magnitude_fraction")}
+    return {"scaling": scaling, **rule}
+
+
 def _kernel_time(args, q, k, v, keep, scaling, use_kernel):
     if not use_kernel:
         return median_seconds(
@@ -530,8 +588,10 @@ def main(argv: list[str] | None = None) -> str:
         emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
     )
     flex = _compiled_flex(args) if args.flex else None
+    fused_selection = args.device.type == "cuda" or (args.smoke and use_kernel)  # a CPU runs it interpreted only
     for shape in args.shapes:
         report.append(emit_markdown(attention_section(args, shape, use_kernel, flex), args.output))
+        report.append(emit_markdown(selection_section(args, shape, fused_selection), args.output))
     if args.model_lengths:
         report.append(emit_markdown(model_prefill_section(args), args.output))
     if args.cache_lengths:
