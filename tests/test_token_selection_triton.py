@@ -14,6 +14,7 @@ Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors; shapes stay small (
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -146,6 +147,16 @@ def test_low_precision_inputs_select_what_the_reference_selects_on_them(dtype, p
     q, k = _inputs(1, 4, 2, 90, 90, 32, seed=5, dtype=dtype)
     for score in SCORES:
         _compare(q, k, policy=policy, score=score, sparsity=0.6, scaling=32**-0.5)
+
+
+@needs_triton
+def test_row_budget_rounds_in_float64_like_the_reference():
+    """sparsity 0.9, own block 14: (1 - 0.9) * 15 = 1.4999999999999996 in float64 rounds to 1 block (float32: 2)."""
+    assert math.floor((1 - 0.9) * 15 + 0.5) == 1 and math.floor(float(torch.tensor(0.1) * 15) + 0.5) == 2
+    q, k = _inputs(1, 1, 1, 16, 240, 8, seed=12)  # the 16 queries all sit in block 14
+    for policy in ("streaming", "magnitude"):
+        keep = _compare(q, k, policy=policy, score="mean", sparsity=0.9, sink_blocks=0)
+        assert keep.sum(-1).eq(1).all()  # the own block only
 
 
 # ---------------------------------------------------------------------------------------------------------------
