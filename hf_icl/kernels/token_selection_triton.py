@@ -21,11 +21,12 @@ registers, ``(rows, Mk)`` float32:
 * no host synchronisation and no data-dependent Python control flow (CUDA-graph capturable).
 
 Exactness. The selection logic (budgets in float64 like the reference, tie order, FRC normalisation with
-round-to-nearest division, no fused multiply-adds) is the reference's bit for bit; the block scores and the two-hop
-sums are float32 dot products whose summation order differs from PyTorch's matmul, so scores agree to float32
-rounding. Selections are therefore identical whenever no two candidates' ranks lie within rounding of each other
-and are not exactly equal — in particular for exact ties (equal keys give equal scores in both) and for inputs whose
-products and sums are exact (small integers, dyadic means), which the tests use to pin the tie rule.
+round-to-nearest division; the launch disables the compiler's multiply-add fusion so each of those operations rounds
+on its own, as PyTorch's do) is the reference's bit for bit. The block scores and the two-hop term are float32 sums
+(explicit fused multiply-adds, one head dim / key block after the other) whose rounding differs from PyTorch's
+matmul, so scores agree to float32 rounding. Selections are therefore identical unless two candidates' ranks lie
+within rounding of each other without being equal; exact ties (equal keys give equal scores in both) and inputs
+whose products and sums are exact (small integers, dyadic means) compare exactly (the tests pin the tie rule so).
 
 Outputs: ``keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices
 (B, H, Nq, W)`` int32, ascending block ids, the first ``counts[b, h, t]`` valid and the rest repeating the last of
