@@ -32,8 +32,8 @@ from hf_icl.kernels.block_sparse_decode import block_sparse_decode_reference, bl
 from hf_icl.kernels.token_selection_triton import (
     FUSED_POLICIES,
     MAX_KEY_BLOCKS,
+    select_token_blocks_triton,
     selection_width,
-    token_selection_triton,
 )
 
 POLICIES = FUSED_POLICIES  # dense, streaming, magnitude, frc, frc_low, hybrid
@@ -212,7 +212,7 @@ def test_all_equal_scores_keep_the_earliest_candidates():
 def _fused(query, key, *, return_indices=True, **rule):
     rule = {"scaling": 0.25, "block_size": 16, "policy": "magnitude", "sparsity": 0.7, **rule}
     summaries = key_block_summaries(key, rule["block_size"], rule.pop("score", "bound"))
-    return token_selection_triton(query, summaries, n_keys=key.shape[2], return_indices=return_indices, **rule)
+    return select_token_blocks_triton(query, summaries, n_keys=key.shape[2], return_indices=return_indices, **rule)
 
 
 @needs_triton
@@ -262,13 +262,13 @@ def test_selection_width_bounds_every_row():
 
 def _spy(monkeypatch, module=ts):
     calls = []
-    original = module.token_selection_triton
+    original = module.select_token_blocks_triton
 
     def spy(*args, **kwargs):
         calls.append(kwargs["policy"])
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(module, "token_selection_triton", spy)
+    monkeypatch.setattr(module, "select_token_blocks_triton", spy)
     return calls
 
 
@@ -318,7 +318,7 @@ def test_too_many_key_blocks_is_refused_before_launch():
     with pytest.raises(ValueError, match=f"exceed the kernel's {MAX_KEY_BLOCKS}"):
         selection_backend("triton", q, n_keys, 16, "streaming")
     with pytest.raises(ValueError, match=f"at most {MAX_KEY_BLOCKS}"):
-        token_selection_triton(q, None, n_keys=n_keys, scaling=1.0, block_size=16, policy="streaming")
+        select_token_blocks_triton(q, None, n_keys=n_keys, scaling=1.0, block_size=16, policy="streaming")
 
 
 @needs_triton
@@ -340,7 +340,7 @@ def test_kernel_entry_point_validates_its_arguments():
     ]
     for overrides, given, message in cases:
         with pytest.raises(ValueError, match=message):
-            token_selection_triton(q, given, **{**base, **overrides})
+            select_token_blocks_triton(q, given, **{**base, **overrides})
 
 
 @needs_triton

@@ -40,7 +40,7 @@ import torch
 from ..kernels._common import resolve_backend
 from ..kernels.block_sparse_reference import real_positions
 from ..kernels.coarsen import coarsen_one_max_l2
-from ..kernels.token_selection_triton import fused_selection_unsupported, token_selection_triton
+from ..kernels.token_selection_triton import fused_selection_unsupported, select_token_blocks_triton
 from .selection import _top_among
 
 __all__ = [
@@ -295,7 +295,7 @@ def _select_fused(query, key, *, scaling, score, **rule):
         if rule["policy"] in _FRC_POLICIES:
             means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
             hop = _hop_per_kv_head(summaries, means, scaling)
-    return token_selection_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
+    return select_token_blocks_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
 
 
 def _rank_and_pick(scores, candidate, remaining, max_count, policy, score, summaries, keys, scaling, lam, fraction, bs):

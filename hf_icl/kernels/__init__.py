@@ -25,7 +25,7 @@ from .linear_attention import (
     linear_attention_state,
     linear_attention_step,
 )
-from .token_selection_triton import fused_selection_unsupported, selection_width, token_selection_triton
+from .token_selection_triton import fused_selection_unsupported, select_token_blocks_triton, selection_width
 
 __all__ = [
     "block_sparse_attention_backward_triton",
@@ -42,7 +42,7 @@ __all__ = [
     "triton_available",
     "fused_selection_unsupported",
     "selection_width",
-    "token_selection_triton",
+    "select_token_blocks_triton",
     "apply_feature_map",
     "causal_linear_attention",
     "feature_dim",

@@ -57,7 +57,7 @@ __all__ = [
     "MAX_KEY_BLOCKS",
     "fused_selection_unsupported",
     "selection_width",
-    "token_selection_triton",
+    "select_token_blocks_triton",
 ]
 
 #: policies the kernel runs (``oracle`` needs the dense attention mass, which is no selection speed-up)
@@ -489,7 +489,7 @@ def _tiles(n_q: int, group: int, mk: int, tile_values: int) -> dict[str, int]:
     return {"BLOCK_T": block_t, "ROWS": group_pad * block_t}
 
 
-def token_selection_triton(
+def select_token_blocks_triton(
     query: torch.Tensor,
     summaries: tuple[torch.Tensor, ...] | None,
     *,
@@ -525,7 +525,7 @@ def token_selection_triton(
 
         >>> import torch
         >>> q = torch.randn(1, 2, 1, 32)
-        >>> keep = token_selection_triton(q, None, n_keys=200, scaling=32 ** -0.5, block_size=16,
+        >>> keep = select_token_blocks_triton(q, None, n_keys=200, scaling=32 ** -0.5, block_size=16,
         ...                               policy="streaming", sparsity=0.5)  # doctest: +SKIP
         >>> keep.shape                                                      # doctest: +SKIP
         torch.Size([1, 2, 1, 13])
@@ -533,7 +533,7 @@ def token_selection_triton(
     args = (n_keys, block_size, policy, budget, sparsity, topk, sink_blocks, local_blocks, min_seq_len)
     _validate(query, summaries, hop, *args, lam, magnitude_fraction)
     scaling = check_scaling(scaling)
-    check_kernel_runnable(_token_selection_kernel, query, "token_selection_triton")
+    check_kernel_runnable(_token_selection_kernel, query, "select_token_blocks_triton")
     batch, heads, n_q, head_dim = query.shape
     n_blocks = -(-n_keys // block_size)
     dense = policy == "dense" or (budget == "row" and sparsity == 0)
