@@ -54,8 +54,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-from .selection import _top_among
-from .token_selection import _FRC_POLICIES, _hop_matrix, key_block_summaries, token_block_scores, token_frc_scores
+from .token_selection import _FRC_POLICIES, _hop_matrix, apply_selection_rule, key_block_summaries, token_block_scores
 
 __all__ = [
     "CABCache",
@@ -397,47 +396,26 @@ def select_blocks_from_summaries(
     (torch.Size([1, 2, 1, 7]), 4)
     """
     batch, heads, n_q, _ = query.shape
-    block_size = params.block_size
-    n_blocks = -(-n_k // block_size)
-    device = query.device
-    q_pos = (n_k - n_q + torch.arange(n_q, device=device))[None, :]  # (1, Nq) real positions (no padding)
-    own = (q_pos // block_size)[:, None, :, None]  # (1, 1, Nq, 1)
-    cols = torch.arange(n_blocks, device=device)
-    visible = cols <= own
-    forced = visible & ((cols > own - params.local_blocks) | (cols < params.sink_blocks))
-    candidate = visible & ~forced
-    if params.policy == "dense" or (params.budget == "row" and params.sparsity == 0):
-        return visible.expand(batch, heads, n_q, n_blocks).clone()
-    if params.budget == "row":
-        n_keep = torch.floor((1.0 - params.sparsity) * (own + 1).double() + 0.5).clamp_min(1).long()
-        max_count = min(n_blocks, int((1.0 - params.sparsity) * n_blocks + 0.5) + 1)
-    else:
-        n_keep = torch.full_like(own, params.topk)
-        max_count = min(n_blocks, params.topk)
-    remaining = (n_keep - forced.sum(-1, keepdim=True)).clamp_min(0).squeeze(-1)
-    if params.policy == "streaming":
-        chosen = _top_among(cols.float().expand(candidate.shape), candidate, remaining, max_count)
-    else:
-        scores = token_block_scores(query, summaries.for_scoring(params.score, n_blocks), scaling)
-        chosen = _pick(scores, candidate, remaining, max_count, params, summaries, n_blocks, scaling)
-    keep = forced | chosen
-    if params.min_seq_len > 0:  # early tokens attend densely
-        keep = keep | (visible & (q_pos < params.min_seq_len)[:, None, :, None])
-    return keep.expand(batch, heads, n_q, n_blocks)
+    n_blocks = -(-n_k // params.block_size)
+    q_pos = (n_k - n_q + torch.arange(n_q, device=query.device))[None, :]  # (1, Nq) real positions (no padding)
 
+    def hop():  # per query head, as the rule multiplies it (same shapes, same rounding)
+        matrix = summaries.hop_matrix(params.score, n_blocks, scaling)
+        return matrix.repeat_interleave(heads // matrix.shape[1], dim=1)
 
-def _pick(scores, candidate, remaining, max_count, params, summaries, n_blocks, scaling):
-    """The score-based policies (as the rule's ``_rank_and_pick``), the FRC hop from the cached summaries."""
-    if params.policy == "magnitude":
-        return _top_among(scores, candidate, remaining, max_count)
-    hop = summaries.hop_matrix(params.score, n_blocks, scaling)
-    if hop.shape[1] != scores.shape[1]:  # per query head, as the rule multiplies it (same shapes, same rounding)
-        hop = hop.repeat_interleave(scores.shape[1] // hop.shape[1], dim=1)
-    frc = token_frc_scores(scores, candidate, hop, params.lam)
-    if params.policy == "frc":
-        return _top_among(frc, candidate, remaining, max_count)
-    if params.policy == "frc_low":
-        return _top_among(-frc, candidate, remaining, max_count)
-    n_magnitude = torch.floor(remaining.float() * params.magnitude_fraction + 0.5).long()
-    by_magnitude = _top_among(scores, candidate, n_magnitude, max_count)
-    return by_magnitude | _top_among(frc, candidate & ~by_magnitude, remaining - n_magnitude, max_count)
+    return apply_selection_rule(
+        (batch, heads, n_q, n_blocks),
+        q_pos,
+        scores=lambda: token_block_scores(query, summaries.for_scoring(params.score, n_blocks), scaling),
+        hop=hop,
+        block_size=params.block_size,
+        policy=params.policy,
+        budget=params.budget,
+        sparsity=params.sparsity,
+        topk=params.topk,
+        sink_blocks=params.sink_blocks,
+        local_blocks=params.local_blocks,
+        min_seq_len=params.min_seq_len,
+        lam=params.lam,
+        magnitude_fraction=params.magnitude_fraction,
+    )

@@ -35,6 +35,8 @@ rounding (summation order), which can only matter for candidates whose ranks lie
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from ..kernels._common import resolve_backend
@@ -212,11 +214,59 @@ def select_token_blocks(
         return _select_fused(query, key, scaling=scaling, score=score, **rule)
     batch, heads, n_q, _ = query.shape
     n_k = key.shape[2]
+    q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, query.device)
+    keys = _compact(key, key_index)
     n_blocks = -(-n_k // block_size)
-    device = query.device
-    q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, device)
+
+    @functools.cache
+    def summaries():
+        return key_block_summaries(keys, block_size, score)
+
+    def hop():  # the hop probes blocks with their mean keys; the "mean" score already computed them
+        means = summaries()[0] if score == "mean" else key_block_summaries(keys, block_size, "mean")[0]
+        return _hop_matrix(summaries(), means, scaling, heads)
+
+    def mass():
+        return token_block_mass(query, keys, scaling, block_size, q_pos.expand(batch, -1), n_real.expand(batch))
+
+    return apply_selection_rule(
+        (batch, heads, n_q, n_blocks),
+        q_pos,
+        scores=lambda: token_block_scores(query, summaries(), scaling),
+        hop=hop,
+        mass=mass,
+        **rule,
+    )
+
+
+def apply_selection_rule(
+    shape: tuple[int, int, int, int],
+    q_pos: torch.Tensor,
+    *,
+    scores,
+    hop,
+    mass=None,
+    block_size: int,
+    policy: str,
+    budget: str,
+    sparsity: float,
+    topk: int,
+    sink_blocks: int,
+    local_blocks: int,
+    min_seq_len: int,
+    lam: float,
+    magnitude_fraction: float,
+) -> torch.Tensor:
+    """The rule of the module docstring given the block scores: the selection ``(B, H, Nq, Mk)`` bool of
+    ``shape``, for query tokens at real positions ``q_pos (B|1, Nq)`` (−1: padding).
+
+    ``scores``, ``hop`` and ``mass`` are called only when the policy needs them: the ``(B, H, Nq, Mk)`` block
+    scores, the FRC hop matrix and the oracle's block mass. :func:`select_token_blocks` computes them from the keys;
+    the decode cache (:mod:`.cab_cache`) from the block summaries it keeps, so both apply this one rule.
+    """
+    batch, heads, n_q, n_blocks = shape
     own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
-    cols = torch.arange(n_blocks, device=device)
+    cols = torch.arange(n_blocks, device=q_pos.device)
     visible = (cols <= own) & (own >= 0)
     forced = visible & ((cols > own - local_blocks) | (cols < sink_blocks))
     candidate = visible & ~forced
@@ -229,33 +279,30 @@ def select_token_blocks(
         n_keep = torch.full_like(own, topk)
         max_count = min(n_blocks, topk)
     remaining = (n_keep - forced.sum(-1, keepdim=True)).clamp_min(0).squeeze(-1)  # (B|1, 1, Nq)
-    keys = _compact(key, key_index)
     if policy == "streaming":
         chosen = _top_among(cols.float().expand(candidate.shape), candidate, remaining, max_count)
     elif policy == "oracle":
-        mass = token_block_mass(query, keys, scaling, block_size, q_pos.expand(batch, -1), n_real.expand(batch))
-        chosen = _top_among(mass, candidate, remaining, max_count)
+        chosen = _top_among(mass(), candidate, remaining, max_count)
     else:
-        summaries = key_block_summaries(keys, block_size, score)
-        scores = token_block_scores(query, summaries, scaling)
-        chosen = _rank_and_pick(
-            scores,
-            candidate,
-            remaining,
-            max_count,
-            policy,
-            score,
-            summaries,
-            keys,
-            scaling,
-            lam,
-            magnitude_fraction,
-            block_size,
-        )
+        chosen = _rank_and_pick(scores(), candidate, remaining, max_count, policy, hop, lam, magnitude_fraction)
     keep = forced | chosen
     if min_seq_len > 0:  # early tokens attend densely
         keep = keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
     return keep.expand(batch, heads, n_q, n_blocks)
+
+
+def _rank_and_pick(scores, candidate, remaining, max_count, policy, hop, lam, fraction):
+    """The score-based policies: magnitude, frc, frc_low and hybrid (magnitude's share first, FRC the rest)."""
+    if policy == "magnitude":
+        return _top_among(scores, candidate, remaining, max_count)
+    frc = token_frc_scores(scores, candidate, hop(), lam)
+    if policy == "frc":
+        return _top_among(frc, candidate, remaining, max_count)
+    if policy == "frc_low":
+        return _top_among(-frc, candidate, remaining, max_count)
+    n_magnitude = torch.floor(remaining.float() * fraction + 0.5).long()
+    by_magnitude = _top_among(scores, candidate, n_magnitude, max_count)
+    return by_magnitude | _top_among(frc, candidate & ~by_magnitude, remaining - n_magnitude, max_count)
 
 
 def selection_backend(
@@ -296,22 +343,6 @@ def _select_fused(query, key, *, scaling, score, **rule):
             means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
             hop = _hop_per_kv_head(summaries, means, scaling)
     return select_token_blocks_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
-
-
-def _rank_and_pick(scores, candidate, remaining, max_count, policy, score, summaries, keys, scaling, lam, fraction, bs):
-    """The score-based policies: magnitude, frc, frc_low and hybrid (magnitude's share first, FRC the rest)."""
-    if policy == "magnitude":
-        return _top_among(scores, candidate, remaining, max_count)
-    # the hop probes blocks with their mean keys; the "mean" score already computed them
-    means = summaries[0] if score == "mean" else key_block_summaries(keys, bs, "mean")[0]
-    frc = token_frc_scores(scores, candidate, _hop_matrix(summaries, means, scaling, scores.shape[1]), lam)
-    if policy == "frc":
-        return _top_among(frc, candidate, remaining, max_count)
-    if policy == "frc_low":
-        return _top_among(-frc, candidate, remaining, max_count)
-    n_magnitude = torch.floor(remaining.float() * fraction + 0.5).long()
-    by_magnitude = _top_among(scores, candidate, n_magnitude, max_count)
-    return by_magnitude | _top_among(frc, candidate & ~by_magnitude, remaining - n_magnitude, max_count)
 
 
 def achieved_sparsity(
