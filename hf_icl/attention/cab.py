@@ -179,7 +179,16 @@ def cab_attention_forward(
     if token_keep is None:
         token_keep = select_cab_blocks(query, key, params, scaling, key_valid=key_valid)
     kernel = _kernel_route(query, params, key_valid, dropout, q_offset)
-    sparse = {"block_size": params.block_size, "scaling": scaling, "q_offset": q_offset, "validate": False}
+    # streaming picks by position alone, so every head of a KV group keeps the same blocks and one program can serve
+    # the group; the score policies select per query head (and detecting sharing would cost a device sync)
+    shared = params.policy in _HEAD_INDEPENDENT
+    sparse = {
+        "block_size": params.block_size,
+        "scaling": scaling,
+        "q_offset": q_offset,
+        "validate": False,
+        "group_heads": shared,
+    }
     if kernel == "decode":
         out = block_sparse_decode(query, key, value, token_keep, backend="triton", **sparse)
     elif kernel == "prefill":  # block-uniform: the first token of each query block speaks for the block
@@ -197,6 +206,10 @@ def cab_attention_forward(
             dropout=dropout,
         )
     return out.transpose(1, 2).contiguous(), None
+
+
+#: policies whose selection does not depend on the query head
+_HEAD_INDEPENDENT = ("dense", "streaming")
 
 
 def runs_dense(params: CABParams, n_q: int, n_k: int) -> bool:
