@@ -21,6 +21,7 @@ import os
 import sys
 from pathlib import Path
 
+from . import __version__
 from .data.tasks import TASK_REGISTRY, get_task
 from .evaluation.baselines import default_baselines, estimator_for_task
 from .validation import check_int
@@ -673,6 +674,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-icl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"hf-icl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     quick = commands.add_parser(

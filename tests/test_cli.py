@@ -116,3 +116,12 @@ def test_quickstart_trains_saves_and_reloads_identically(tmp_path, capsys):
     card = (tmp_path / "qs" / "README.md").read_text()
     assert "context_scaling.png" in card and "least_squares" in card
     assert (tmp_path / "qs" / "context_scaling.png").exists()
+
+
+def test_version_prints_the_package_version(capsys):
+    import hf_icl
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"hf-icl {hf_icl.__version__}"
