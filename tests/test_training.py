@@ -285,3 +285,14 @@ def test_two_cpu_ranks_agree_on_weights(tmp_path):
         scheduler.step()
         expected.append(scheduler.get_last_lr()[0])
     assert ranks[0]["lrs"] == ranks[1]["lrs"] == pytest.approx(expected, rel=1e-12, abs=0)
+
+
+def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys):
+    """A log file gets one line per logging window and no carriage-return bar redraws."""
+    from hf_icl.training import train
+
+    train(tiny_args(tmp_path / "run", progress_bar=True, logging_every=5, save_every=0))
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("training step")]
+    assert [line.split(":")[0] for line in lines] == ["training step 5/10", "training step 10/10"]
+    assert "\r" not in err

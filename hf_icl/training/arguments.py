@@ -103,7 +103,12 @@ class ICLTrainingArguments:
         default=None, metadata={"help": "keep only the newest N checkpoints (None: keep all)"}
     )
     report_to: str = field(default="tensorboard", metadata={"help": "tensorboard, wandb or none"})
-    progress_bar: bool = field(default=True, metadata={"help": "show a tqdm progress bar"})
+    progress_bar: bool = field(
+        default=True,
+        metadata={
+            "help": "show progress: a tqdm bar at a terminal, a line every logging_every steps when stderr is not one"
+        },
+    )
 
     def __post_init__(self):
         self.validate()

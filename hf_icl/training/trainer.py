@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import sys
 import warnings
 from contextlib import nullcontext
 from dataclasses import dataclass, field
@@ -36,6 +37,7 @@ from .checkpoints import (
     capture_rng_state,
     latest_checkpoint,
     load_checkpoint,
+    quiet_progress,
     restore_rng_state,
     rng_state_name,
     save_checkpoint,
@@ -187,10 +189,14 @@ class ICLTrainer:
         self._maybe_resume()
         if args.report_to != "none":
             accelerator.init_trackers("hf_icl", config=args.to_dict())
+        show = args.progress_bar and accelerator.is_local_main_process
+        # A bar redraws with carriage returns: right at a terminal, megabytes of noise in a log file, which gets a
+        # plain line every logging_every steps instead.
+        interactive = sys.stderr.isatty()
         bar = tqdm(
             total=args.train_steps,
             initial=self.progress.step,
-            disable=not (args.progress_bar and accelerator.is_local_main_process),
+            disable=not (show and interactive),
             desc="training",
             dynamic_ncols=True,
         )
@@ -204,6 +210,13 @@ class ICLTrainer:
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points, refresh=False)
             if self.progress.step % args.logging_every == 0:
+                if show and not interactive:
+                    print(
+                        f"training step {self.progress.step}/{args.train_steps}: loss {loss:.4f}, dims {dims}, "
+                        f"points {points}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 self._log(
                     {
                         "train/loss": loss,
@@ -228,7 +241,8 @@ class ICLTrainer:
         model = accelerator.unwrap_model(self.model)
         scaling = None
         if accelerator.is_main_process:
-            model.save_pretrained(self.output_dir)
+            with nullcontext() if interactive else quiet_progress():  # no one-tick bar in a log file
+                model.save_pretrained(self.output_dir)
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
             scaling = self.context_scaling()
             scaling.plot(self.output_dir / PLOT_FILE)
