@@ -102,6 +102,11 @@ class CABParams:
         check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
         check_choice("cab_backend", self.backend, BACKENDS)
 
+    def selection_rule(self) -> dict:
+        """The fields of the per-token selection rule (:func:`.token_selection.apply_selection_rule`'s keywords)."""
+        names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
+        return {name: getattr(self, name) for name in (*names, "lam", "magnitude_fraction")}
+
     @classmethod
     def from_config(cls, config) -> CABParams:
         """The validated ``cab_*`` fields of ``config``; a ``cab_*`` attribute CAB does not know (a typo such as
@@ -296,19 +301,10 @@ def select_cab_blocks(
         query,
         key,
         scaling=scaling,
-        block_size=params.block_size,
-        policy=params.policy,
         score=params.score,
-        budget=params.budget,
-        sparsity=params.sparsity,
-        topk=params.topk,
-        sink_blocks=params.sink_blocks,
-        local_blocks=params.local_blocks,
-        min_seq_len=params.min_seq_len,
-        lam=params.lam,
-        magnitude_fraction=params.magnitude_fraction,
         key_valid=key_valid,
         backend=backend,
+        **params.selection_rule(),
     )
 
 

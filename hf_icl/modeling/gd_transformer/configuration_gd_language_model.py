@@ -8,6 +8,7 @@ from transformers import PretrainedConfig
 
 from ...validation import check_choice, check_float, check_int
 from ..config_fields import check_config_kwargs
+from .configuration_gd_transformer import check_gd_options
 from .functional_gd import KERNELS
 
 #: how each head maps positional embeddings to queries and keys: a diagonal or a full d' × d' matrix per head, with
@@ -114,18 +115,7 @@ class GDLanguageModelConfig(PretrainedConfig):
                 "tie_word_embeddings must be True: the functional-GD model reads out with its token embedding "
                 f"(logits = LN(wte) f), got tie_word_embeddings={self.tie_word_embeddings!r}"
             )
-        if self.normalize_attention and self.kernel != "softmax":
-            raise ValueError(
-                f"normalize_attention=True normalises the softmax kernel's weights; it needs kernel='softmax', "
-                f"got kernel={self.kernel!r}"
-            )
-        if self.ff_hidden_size is not None:
-            if not self.use_feed_forward:
-                raise ValueError(
-                    f"ff_hidden_size sets the width of the feed-forward layer; it needs use_feed_forward=True, "
-                    f"got ff_hidden_size={self.ff_hidden_size!r} with use_feed_forward=False"
-                )
-            check_int("ff_hidden_size", self.ff_hidden_size, low=1)
+        check_gd_options(self)
         for name in ("embd_pdrop", "attn_pdrop", "resid_pdrop"):
             check_float(name, getattr(self, name), low=0, high=1)
         check_float("layer_norm_epsilon", self.layer_norm_epsilon, low=0, low_inclusive=False)

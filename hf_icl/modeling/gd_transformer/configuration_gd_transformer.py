@@ -12,6 +12,23 @@ from .functional_gd import KERNELS
 SIZE_PRESETS = {"tiny": 16, "small": 32, "standard": 64}
 
 
+def check_gd_options(config) -> None:
+    """The checks both GD configs (classification and language model) share: softmax-only normalised attention and
+    a feed-forward width only with a feed-forward layer."""
+    if config.normalize_attention and config.kernel != "softmax":
+        raise ValueError(
+            f"normalize_attention=True normalises the softmax kernel's weights; it needs kernel='softmax', "
+            f"got kernel={config.kernel!r}"
+        )
+    if config.ff_hidden_size is not None:
+        if not config.use_feed_forward:
+            raise ValueError(
+                f"ff_hidden_size sets the width of the feed-forward layer; it needs use_feed_forward=True, "
+                f"got ff_hidden_size={config.ff_hidden_size!r} with use_feed_forward=False"
+            )
+        check_int("ff_hidden_size", config.ff_hidden_size, low=1)
+
+
 class GDTransformerConfig(PretrainedConfig):
     r"""An attention model whose blocks can compute functional gradient descent on categorical labels.
 
@@ -92,23 +109,12 @@ class GDTransformerConfig(PretrainedConfig):
         for name in ("normalize_by_count", "normalize_attention", "use_feed_forward", "simplified"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
-        if self.normalize_attention and self.kernel != "softmax":
-            raise ValueError(
-                f"normalize_attention=True normalises the softmax kernel's weights; it needs kernel='softmax', "
-                f"got kernel={self.kernel!r}"
-            )
+        check_gd_options(self)
         if self.simplified and self.n_blocks != 1:
             raise ValueError(
                 f"simplified=True is the document's one-step block (no expectation to update); it needs n_blocks=1, "
                 f"got n_blocks={self.n_blocks}"
             )
-        if self.ff_hidden_size is not None:
-            if not self.use_feed_forward:
-                raise ValueError(
-                    f"ff_hidden_size sets the width of the feed-forward layer; it needs use_feed_forward=True, "
-                    f"got ff_hidden_size={self.ff_hidden_size!r} with use_feed_forward=False"
-                )
-            check_int("ff_hidden_size", self.ff_hidden_size, low=1)
         super().__post_init__(**kwargs)
 
     @classmethod
