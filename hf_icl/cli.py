@@ -1,15 +1,7 @@
-"""The ``hf-icl`` command line.
+"""The ``hf-icl`` commands (``hf_icl_cli`` answers ``hf-icl --help`` before this module is imported).
 
-hf-icl quickstart                 train a tiny GPT-2 in context, compare, save, reload, check
-hf-icl train [--config Y] ...     train an ICL model (every ICLTrainingArguments field is a flag)
-hf-icl evaluate --model DIR ...   context-scaling table and plot of a model against estimators
-hf-icl compare                    compare in-context estimators on a task family
-hf-icl tasks                      list task families and their hyperparameters
-hf-icl dataset --config NAME ...  build an ICLTasks dataset, save it or push it to the Hub
-hf-icl niah --model M ...         needle-in-a-haystack: dense vs CAB policies × sparsities (resumable)
-hf-icl perplexity --model M ...   long-text perplexity: dense vs CAB policies × sparsities
-
-Multi-GPU: accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml
+Every long option takes both spellings, ``--n-prompts`` or ``--n_prompts``. Multi-GPU training:
+``accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml``.
 """
 
 from __future__ import annotations
@@ -21,9 +13,12 @@ import os
 import sys
 from pathlib import Path
 
+from hf_icl_cli import COMMANDS, DESCRIPTION
+
 from . import __version__
 from .data.tasks import TASK_REGISTRY, get_task
 from .evaluation.baselines import default_baselines, estimator_for_task
+from .options import OptionParser
 from .validation import check_int
 
 DEFAULT_N_DIMS = 5  # compare's input dimension for families that have no default of their own
@@ -174,11 +169,11 @@ def _names(text: str) -> list[str]:
 def run_quickstart(args) -> int:
     from .quickstart import format_report, run_quickstart
 
-    _at_least("--train-steps", args.train_steps, 1)  # 0 was silently the default run length
+    _at_least("--max-steps", args.max_steps, 1)  # 0 was silently the default run length
     _at_least("--n-prompts", args.n_prompts, 1)
     _at_least("--seed", args.seed, 0)
     _writable("--output-dir", args.output_dir, directory=True)
-    overrides = {"train_steps": args.train_steps} if args.train_steps is not None else {}
+    overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
     report = run_quickstart(args.output_dir, seed=args.seed, eval_prompts=args.n_prompts, **overrides)
     print(format_report(report))
     return 0 if report.passed else 1
@@ -267,8 +262,8 @@ def run_evaluate(args) -> int:
         if not saved.is_file():
             raise CLIError(f"--task is required: {saved} (written by hf-icl train) is missing")
         try:
-            trained = ICLTrainingArguments(**json.loads(saved.read_text()))
-        except TypeError as err:  # a field this version does not have
+            trained = ICLTrainingArguments.from_dict(json.loads(saved.read_text()), source=str(saved))
+        except ValueError as err:  # a field this version does not have
             raise CLIError(f"{saved} cannot be read by this version of hf_icl ({err}); pass --task") from None
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
     if args.ood:
@@ -671,29 +666,25 @@ def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="hf-icl", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = OptionParser(prog="hf-icl", description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"hf-icl {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    quick = commands.add_parser(
-        "quickstart", help="train a tiny GPT-2 in context, compare it with estimators", formatter_class=_formatter
-    )
+    quick = commands.add_parser("quickstart", help=COMMANDS["quickstart"], formatter_class=_formatter)
     quick.add_argument("--output-dir", default="outputs/quickstart", help="model, card, plot, checkpoints")
-    quick.add_argument("--train-steps", type=int, default=None, help="override the run's optimizer steps")
+    quick.add_argument("--max-steps", type=int, default=None, help="override the run's optimizer steps")
     quick.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
     quick.add_argument("--seed", type=int, default=0, help="seed of weights and prompts")
     quick.set_defaults(run=run_quickstart)
 
-    commands.add_parser("train", help="train an ICL model (see hf-icl train --help)", add_help=False)
+    commands.add_parser("train", help=COMMANDS["train"], add_help=False)
     commands.add_parser(
         "bench",
-        help="run a benchmark: cab, estimators, linear-attention, samplers, sgpt (hf-icl bench NAME --help)",
+        help=COMMANDS["bench"],
         add_help=False,
     )
 
-    ev = commands.add_parser("evaluate", help="evaluate a trained model against estimators", formatter_class=_formatter)
+    ev = commands.add_parser("evaluate", help=COMMANDS["evaluate"], formatter_class=_formatter)
     ev.add_argument("--model", required=True, help="directory written by hf-icl train (or a Hub id)")
     ev.add_argument("--task", default=None, help="task family (default: the one the model was trained on)")
     ev.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters with --task")
@@ -710,9 +701,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot_arguments(ev)
     ev.set_defaults(run=run_evaluate)
 
-    quick = commands.add_parser(
-        "compare", help="compare in-context estimators on a task family", formatter_class=_formatter
-    )
+    quick = commands.add_parser("compare", help=COMMANDS["compare"], formatter_class=_formatter)
     quick.add_argument(
         "--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY), help="task family", metavar="NAME"
     )
@@ -732,10 +721,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_plot_arguments(quick)
     quick.set_defaults(run=run_compare)
 
-    tasks = commands.add_parser("tasks", help="list task families and their hyperparameters")
+    tasks = commands.add_parser("tasks", help=COMMANDS["tasks"])
     tasks.set_defaults(run=run_tasks)
 
-    data = commands.add_parser("dataset", help="build an ICLTasks dataset", formatter_class=_formatter)
+    data = commands.add_parser("dataset", help=COMMANDS["dataset"], formatter_class=_formatter)
     data.add_argument("--config", default="linear_regression", help="a predefined ICLTasks config name")
     data.add_argument("--family", default=None, help="override the config's task family")
     data.add_argument("--task-params", type=_json_dict, default=None, help="JSON hyperparameters")
@@ -759,8 +748,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = "; ".join(f"{paper}: {', '.join(module.EXPERIMENTS)}" for paper, module in PAPERS.items())
     rep = commands.add_parser(
         "reproduce",
-        help="reproduce a figure or table of a seed document (hf-icl reproduce sgpt fig1, "
-        "hf-icl reproduce linear-attention all, hf-icl reproduce kernel-icl all)",
+        help=COMMANDS["reproduce"],
         description=f"Experiments: {listing}. Writes OUTPUT_DIR/PAPER/EXPERIMENT/results.md and results.json.",
         formatter_class=_formatter,
     )
@@ -843,9 +831,7 @@ def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None
 
 
 def _add_niah_parser(commands) -> None:
-    niah = commands.add_parser(
-        "niah", help="needle-in-a-haystack: dense vs CAB policies at several sparsities", formatter_class=_formatter
-    )
+    niah = commands.add_parser("niah", help=COMMANDS["niah"], formatter_class=_formatter)
     _add_causal_lm_arguments(niah)
     niah.add_argument(
         "--chat-template",
@@ -885,7 +871,7 @@ def _add_niah_parser(commands) -> None:
 def _add_perplexity_parser(commands) -> None:
     ppl = commands.add_parser(
         "perplexity",
-        help="long-text perplexity: dense vs CAB policies at several sparsities",
+        help=COMMANDS["perplexity"],
         description="Perplexity of --windows consecutive windows of --length tokens of a text, under dense "
         "attention and every CAB policy × sparsity. Without --text, the Python Language Reference that ships "
         "with Python (pydoc_data.topics) is the text.",

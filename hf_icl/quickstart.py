@@ -36,14 +36,14 @@ QUICKSTART_RUN = dict(
     model_overrides=json.dumps(
         {"prompt_format": "concatenated", "activation_function": "gelu_pytorch_tanh", "io_init": "gpt2"}
     ),
-    train_steps=4000,
-    batch_size=128,  # at batch 64 the error stops near 2.2-3.2x least squares however long it trains
+    max_steps=4000,
+    per_device_train_batch_size=128,  # at batch 64 the error stops near 2.2-3.2x least squares however long it trains
     learning_rate=3e-3,
-    lr_scheduler="cosine",
+    lr_scheduler_type="cosine",
     warmup_steps=200,
-    eval_every=500,
+    eval_steps=500,
     eval_prompts=1280,
-    save_every=1000,
+    save_steps=1000,
     report_to="tensorboard",
     overwrite_output_dir=True,  # `make quickstart` twice replaces its own earlier run
 )

@@ -633,11 +633,14 @@ TRAINING_ROWS = [
     ),
     row("args-model-type", lambda: ICLTrainingArguments(model_type="gpt3"), ["model_type", "gpt3", "gpt2_icl"]),
     row("args-model-size", lambda: ICLTrainingArguments(model_size="huge"), ["model_size", "huge", "tiny"]),
-    row("args-batch-size", lambda: ICLTrainingArguments(batch_size=0), ["batch_size", "got 0", "[1, +inf)"]),
-    row("args-learning-rate", lambda: ICLTrainingArguments(learning_rate=0.0), ["learning_rate", "0.0", "(0"]),
     row(
-        "args-mixed-precision", lambda: ICLTrainingArguments(mixed_precision="fp8"), ["mixed_precision", "fp8", "bf16"]
+        "args-batch-size",
+        lambda: ICLTrainingArguments(per_device_train_batch_size=0),
+        ["per_device_train_batch_size", "got 0", "[1, +inf)"],
     ),
+    row("args-learning-rate", lambda: ICLTrainingArguments(learning_rate=0.0), ["learning_rate", "0.0", "(0"]),
+    row("args-mixed-precision", lambda: ICLTrainingArguments(bf16=True, fp16=True), ["bf16=True", "fp16=True"]),
+    row("args-scheduler", lambda: ICLTrainingArguments(lr_scheduler_type="step"), ["lr_scheduler_type", "step"]),
 ]
 
 DATA_ROWS = [
@@ -807,7 +810,7 @@ CLI_ROWS = [
         "train-model-overrides-cab", "train --model_overrides '{\"cab_sparsty\": 0.5}'", ["cab_sparsty", "cab_sparsity"]
     ),
     cli("train-task", "train --task nope", ["task family", "nope", "linear_regression"]),
-    cli("train-steps", "train --train_steps 0", ["train_steps", "got 0", "[1, +inf)"]),
+    cli("max-steps", "train --max_steps 0", ["max_steps", "got 0", "[1, +inf)"]),
     cli("train-output-dir-file", "train --output_dir {tmp}/a_file", ["--output_dir", "a_file", "must be a directory"]),
     cli("train-output-dir-below-file", "train --output_dir {tmp}/a_file/run", ["--output_dir", "a_file is a file"]),
     cli(
@@ -876,8 +879,8 @@ CLI_ROWS = [
     ),
     cli("evaluate-model-required", "evaluate", ["--model", "required"], usage=True),
     # quickstart
-    cli("quickstart-steps-zero", "quickstart --train-steps 0", ["--train-steps", "got 0", "[1, +inf)"]),
-    cli("quickstart-steps-negative", "quickstart --train-steps -3", ["--train-steps", "-3", "[1, +inf)"]),
+    cli("quickstart-steps-zero", "quickstart --max-steps 0", ["--max-steps", "got 0", "[1, +inf)"]),
+    cli("quickstart-steps-negative", "quickstart --max-steps -3", ["--max-steps", "-3", "[1, +inf)"]),
     cli("quickstart-n-prompts", "quickstart --n-prompts 0", ["--n-prompts", "got 0"]),
     cli(
         "quickstart-output-dir-file",

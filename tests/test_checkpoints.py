@@ -25,7 +25,7 @@ from hf_icl.training.trainer import build_task
 
 
 def tiny_args(output_dir, **kw) -> ICLTrainingArguments:
-    return shared_tiny_args(output_dir, **{"logging_every": 1, **kw})
+    return shared_tiny_args(output_dir, **{"logging_steps": 1, **kw})
 
 
 def same_weights(a, b) -> bool:
@@ -108,7 +108,7 @@ def test_checkpoint_holds_safetensors_and_json_with_a_verified_manifest(finished
 
 def test_every_checkpoint_loads_with_automodel_and_predicts_as_the_training_model(finished_run, tmp_path):
     out, final = finished_run
-    at_five = ICLTrainer(tiny_args(tmp_path / "five", train_steps=5, save_every=0)).train().model.eval()
+    at_five = ICLTrainer(tiny_args(tmp_path / "five", max_steps=5, save_steps=0)).train().model.eval()
     args = tiny_args(out)
     xs, ys = build_task(args).sample(16, args.n_points, seed=123)
     for step, reference in ((5, at_five), (10, None)):
@@ -121,7 +121,7 @@ def test_every_checkpoint_loads_with_automodel_and_predicts_as_the_training_mode
 
 
 def test_save_total_limit_keeps_the_newest_checkpoints(tmp_path):
-    ICLTrainer(tiny_args(tmp_path / "run", save_every=2, save_total_limit=2)).train()
+    ICLTrainer(tiny_args(tmp_path / "run", save_steps=2, save_total_limit=2)).train()
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["step-00000008", "step-00000010"]
     with pytest.raises(ValueError, match="save_total_limit"):
         tiny_args(tmp_path / "x", save_total_limit=0)
@@ -227,9 +227,9 @@ def test_a_damaged_checkpoint_is_refused_naming_the_file(run_copy, name, damage,
 def test_cli_reports_a_corrupted_checkpoint_in_one_line(run_copy, capsys):
     checkpoint = step_dir(run_copy, 10)
     zero_bytes_inside(checkpoint / "optimizer.safetensors")
-    argv = ["train", "--n_dims", "3", "--n_points", "6", "--model_size", "tiny", "--train_steps", "12"]
-    argv += ["--batch_size", "8", "--learning_rate", "3e-3", "--eval_every", "0", "--eval_prompts", "32"]
-    argv += ["--save_every", "5", "--logging_every", "1", "--report_to", "none", "--no_progress_bar"]
+    argv = ["train", "--n_dims", "3", "--n_points", "6", "--model_size", "tiny", "--max_steps", "12"]
+    argv += ["--per_device_train_batch_size", "8", "--learning_rate", "3e-3", "--eval_steps", "0", "--eval_prompts", "32"]
+    argv += ["--save_steps", "5", "--logging_steps", "1", "--report_to", "none", "--disable_tqdm"]
     argv += ["--output_dir", str(run_copy), "--resume_from_checkpoint", "latest"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -240,7 +240,7 @@ def test_cli_reports_a_corrupted_checkpoint_in_one_line(run_copy, capsys):
 # -- resuming with changed arguments ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "changes",
-    [{"n_dims": 4}, {"task": "noisy_linear_regression"}, {"batch_size": 16}, {"seed": 1, "weight_decay": 0.1}],
+    [{"n_dims": 4}, {"task": "noisy_linear_regression"}, {"per_device_train_batch_size": 16}, {"seed": 1, "weight_decay": 0.1}],
     ids=["n_dims", "task", "batch_size", "seed+weight_decay"],
 )
 def test_resume_refuses_changed_arguments(run_copy, changes):
@@ -250,14 +250,14 @@ def test_resume_refuses_changed_arguments(run_copy, changes):
         trainer.train()
     for name, value in changes.items():
         assert f"{name} {saved[name]!r} → {value!r}" in str(caught.value)
-    assert "train_steps" in str(caught.value)  # says what may change
+    assert "max_steps" in str(caught.value)  # says what may change
     assert trainer.progress.step == 0
 
 
 def test_extending_train_steps_continues_like_an_uninterrupted_run(run_copy, tmp_path):
-    with pytest.warns(UserWarning, match="train_steps 10 → 15"):
-        extended = ICLTrainer(tiny_args(run_copy, train_steps=15, resume_from_checkpoint="latest")).train()
-    straight = ICLTrainer(tiny_args(tmp_path / "straight", train_steps=15)).train()
+    with pytest.warns(UserWarning, match="max_steps 10 → 15"):
+        extended = ICLTrainer(tiny_args(run_copy, max_steps=15, resume_from_checkpoint="latest")).train()
+    straight = ICLTrainer(tiny_args(tmp_path / "straight", max_steps=15)).train()
     assert extended.step == 15
     assert same_weights(weights(extended.model), weights(straight.model))
     assert [h["step"] for h in extended.history if "train/loss" in h] == list(range(1, 16))  # history carried over
@@ -265,8 +265,8 @@ def test_extending_train_steps_continues_like_an_uninterrupted_run(run_copy, tmp
 
 
 def test_new_learning_rate_and_train_steps_reshape_the_schedule(tmp_path):
-    schedule = dict(lr_scheduler="linear", warmup_steps=2)
-    ICLTrainer(tiny_args(tmp_path / "run", train_steps=6, save_every=3, **schedule)).train()
+    schedule = dict(lr_scheduler_type="linear", warmup_steps=2)
+    ICLTrainer(tiny_args(tmp_path / "run", max_steps=6, save_steps=3, **schedule)).train()
 
     class Recording(ICLTrainer):
         used: list = []
@@ -275,11 +275,11 @@ def test_new_learning_rate_and_train_steps_reshape_the_schedule(tmp_path):
             self.used.append((step, self.optimizer.param_groups[0]["lr"]))
             return super()._optimizer_step(step, generator)
 
-    args = tiny_args(tmp_path / "run", train_steps=12, learning_rate=1e-3, resume_from_checkpoint="latest", **schedule)
+    args = tiny_args(tmp_path / "run", max_steps=12, learning_rate=1e-3, resume_from_checkpoint="latest", **schedule)
     with pytest.warns(UserWarning) as caught:
         Recording(args).train()
     message = " ".join(str(w.message) for w in caught)
-    assert "learning_rate 0.003 → 0.001" in message and "train_steps 6 → 12" in message
+    assert "learning_rate 0.003 → 0.001" in message and "max_steps 6 → 12" in message
     # reference: a fresh optimizer with the new rate under the schedule for the new total
     reference = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))], lr=1e-3)
     scheduler = get_scheduler("linear", reference, num_warmup_steps=2, num_training_steps=12)
@@ -300,10 +300,10 @@ def test_reused_output_dir_is_refused_and_overwrite_replaces_it(run_copy, tmp_pa
     (run_copy / "hf_icl" / "0" / "events.out.tfevents.1.host").write_bytes(b"old")
     manifest = (step_dir(run_copy, 5) / "manifest.json").read_bytes()
     with pytest.raises(OutputDirError, match="holds another run .*overwrite_output_dir"):
-        ICLTrainer(tiny_args(run_copy, train_steps=3)).train()
+        ICLTrainer(tiny_args(run_copy, max_steps=3)).train()
     assert (step_dir(run_copy, 5) / "manifest.json").read_bytes() == manifest
     with pytest.warns(UserWarning, match="removed the previous run"):
-        ICLTrainer(tiny_args(run_copy, train_steps=3, save_every=0, overwrite_output_dir=True)).train()
+        ICLTrainer(tiny_args(run_copy, max_steps=3, save_steps=0, overwrite_output_dir=True)).train()
     assert [p.name for p in (run_copy / "checkpoints").iterdir()] == ["step-00000003"]
     assert (run_copy / "notes.txt").read_text() == "mine" and not (run_copy / "hf_icl").exists()
     # only what hf_icl writes is removed: a folder named like the log folder but holding code stays
@@ -313,9 +313,9 @@ def test_reused_output_dir_is_refused_and_overwrite_replaces_it(run_copy, tmp_pa
     (code / "config.json").write_text("{}")
     (code / "checkpoints").mkdir()
     (code / "checkpoints" / "keep.txt").write_text("keep")
-    ICLTrainer(tiny_args(code, train_steps=2, save_every=0, overwrite_output_dir=True)).train()
+    ICLTrainer(tiny_args(code, max_steps=2, save_steps=0, overwrite_output_dir=True)).train()
     assert (code / "hf_icl" / "module.py").exists() and (code / "checkpoints" / "keep.txt").exists()
-    assert json.loads((run_copy / "training_args.json").read_text())["train_steps"] == 3
+    assert json.loads((run_copy / "training_args.json").read_text())["max_steps"] == 3
     with pytest.raises(ValueError, match="overwrite_output_dir"):
         tiny_args(run_copy, overwrite_output_dir=True, resume_from_checkpoint="latest")
 
@@ -356,14 +356,14 @@ def test_a_stale_lock_is_taken_over_and_the_lock_is_held_during_the_run(tmp_path
             return super()._optimizer_step(step, generator)
 
     with pytest.warns(UserWarning, match=f"stale lock .* PID {finished.pid}"):
-        result = Watching(tiny_args(out, train_steps=3)).train()
+        result = Watching(tiny_args(out, max_steps=3)).train()
     assert result.step == 3 and set(Watching.holders) == {os.getpid()}
     assert not (out / LOCK_FILE).exists()
 
 
 # -- random state -------------------------------------------------------------------------------------------
 def test_resume_restores_the_random_state_of_dropout(tmp_path):
-    dropout = dict(model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', train_steps=8, save_every=4)
+    dropout = dict(model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', max_steps=8, save_steps=4)
     straight = ICLTrainer(tiny_args(tmp_path / "straight", **dropout)).train()
 
     class Interrupted(ICLTrainer):

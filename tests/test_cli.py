@@ -93,8 +93,8 @@ def test_train_then_evaluate(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("task: noisy_linear_regression\ntask_params: {noise_std: 0.1}\nn_dims: 3\nn_points: 6\n")
     out = tmp_path / "run"
-    argv = ["train", "--config", str(config), "--model_size", "tiny", "--train_steps", "3", "--batch_size", "4"]
-    argv += ["--eval_prompts", "16", "--report_to", "none", "--no_progress_bar", "--output_dir", str(out)]
+    argv = ["train", "--config", str(config), "--model_size", "tiny", "--max_steps", "3", "--per_device_train_batch_size", "4"]
+    argv += ["--eval_prompts", "16", "--report_to", "none", "--disable_tqdm", "--output_dir", str(out)]
     assert main(argv) == 0
     assert (out / "model.safetensors").exists() and (out / "training_args.json").exists()
     capsys.readouterr()
@@ -108,7 +108,7 @@ def test_train_then_evaluate(tmp_path, capsys):
 
 
 def test_quickstart_trains_saves_and_reloads_identically(tmp_path, capsys):
-    code = main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--train-steps", "20", "--n-prompts", "64"])
+    code = main(["quickstart", "--output-dir", str(tmp_path / "qs"), "--max-steps", "20", "--n-prompts", "64"])
     out = capsys.readouterr().out
     assert "reload gives identical predictions: True" in out
     assert code in (0, 1)  # 20 steps train too little to pass the accuracy checks; the report says which

@@ -24,10 +24,10 @@ def test_last_position_error_is_the_same_number_everywhere(tmp_path, capsys):
         task_params='{"depth": 2}',
         n_dims=4,
         n_points=8,
-        train_steps=6,
-        eval_every=3,
+        max_steps=6,
+        eval_steps=3,
         eval_prompts=48,
-        save_every=0,
+        save_steps=0,
     )
     result = train(args)
     family = get_task("decision_tree", n_dims=4, depth=2)

@@ -401,7 +401,7 @@ def test_the_trainer_trains_it_on_the_categorical_task_and_evaluation_reads_its_
 
     args = tiny_args(
         tmp_path, task="categorical", task_params='{"n_classes": 3}', model_type="gd_transformer",
-        model_overrides='{"n_blocks": 2}', eval_every=5,
+        model_overrides='{"n_blocks": 2}', eval_steps=5,
     )  # fmt: skip
     train(args)
     model = AutoModel.from_pretrained(tmp_path).eval()

@@ -402,7 +402,7 @@ def test_the_trainer_trains_and_reloads_linear_gpt(tmp_path):
 
     from hf_icl.training import train
 
-    result = train(tiny_args(tmp_path, model_type="linear_gpt", train_steps=3, save_every=0))
+    result = train(tiny_args(tmp_path, model_type="linear_gpt", max_steps=3, save_steps=0))
     assert isinstance(result.model, LinearGPTForInContextRegression)
     xs, ys = torch.randn(2, 6, 3), torch.randn(2, 6)
     with torch.no_grad():

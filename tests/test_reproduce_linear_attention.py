@@ -136,7 +136,7 @@ def test_full_scale_trains_the_documents_recipes():
         assert spec.steps == expected_steps[recipe][(1, 3, 6).index(depth)]
         assert (spec.learning_rate, spec.batch_size) == ((1e-4, 32) if recipe == "softmax" else (3e-4, 64))
         assert spec.seeds == (42, 100, 7, 10, 2025)
-        assert (spec.n_embd, spec.eval_every, spec.train_pool, spec.test_prompts) == (256, 500, 16_000, 4_000)
+        assert (spec.n_embd, spec.eval_steps, spec.train_pool, spec.test_prompts) == (256, 500, 16_000, 4_000)
         config = build_config(la.RECIPES[recipe].model_type, None, **spec.model_fields())
         assert (config.n_embd, config.n_layer, config.n_head, config.n_dims, config.n_points) == (256, depth, 4, 5, 10)
         assert config.model_type == ("gpt2_icl" if recipe == "softmax" else "linear_gpt")
@@ -151,7 +151,7 @@ def test_cpu_scale_and_overrides():
     assert specs["softmax", 6].steps == 6_000 and specs["linear", 1].steps == 1_500
     assert specs["linear", 6].seeds == (42, 100, 7) and specs["linear", 6].n_embd == 64
     shifted = la.group_specs(la.CPU, seed=1, steps=10)
-    assert all(s.steps == 10 and s.eval_every == 2 and s.data_seed == 43 for s in shifted)
+    assert all(s.steps == 10 and s.eval_steps == 2 and s.data_seed == 43 for s in shifted)
     assert shifted[0].seeds == (43, 101, 8)
     assert set(experiments("linear-attention")) == {"table1", "table2", "table3", "all", "engines"}
 
@@ -181,17 +181,17 @@ def test_the_ensemble_follows_the_package_trainer_on_one_seed(tmp_path, model_ty
         model_size=None,
         model_overrides=json.dumps(TINY),
         attn_implementation=attn,
-        train_steps=steps,
+        max_steps=steps,
         batch_size=batch,
         learning_rate=lr,
         max_grad_norm=5.0,
         seed=seed,
-        logging_every=1,
-        eval_every=0,
-        save_every=0,
+        logging_steps=1,
+        eval_steps=0,
+        save_steps=0,
         eval_prompts=8,
         report_to="none",
-        progress_bar=False,
+        disable_tqdm=True,
     )
     trainer_losses = [h["train/loss"] / 5 for h in train(args).history if "train/loss" in h]
     ensemble = SeedEnsemble(model_type, {**FIELDS, **TINY}, (seed,), lr, attn_implementation=attn)

@@ -24,7 +24,7 @@ def small_args(tmp_path, **kw) -> ICLTrainingArguments:
     curriculum = dict(
         curriculum_dims_start=2, curriculum_dims_interval=5, curriculum_points_start=4, curriculum_points_interval=5
     )
-    return tiny_args(tmp_path / "run", **{"train_steps": 20, "eval_every": 10, "save_every": 10, **curriculum, **kw})
+    return tiny_args(tmp_path / "run", **{"max_steps": 20, "eval_steps": 10, "save_steps": 10, **curriculum, **kw})
 
 
 def test_curriculum_follows_garg_schedule():
@@ -51,17 +51,19 @@ def test_each_step_draws_truncated_prompts_of_the_stage(tmp_path):
 
 def test_yaml_arguments_and_validation(tmp_path):
     path = tmp_path / "run.yaml"
-    path.write_text("task: noisy_linear_regression\ntask_params: {noise_std: 0.25}\nn_dims: 4\nbatch_size: 16\n")
-    args = ICLTrainingArguments.from_yaml(path, batch_size=32)
-    assert args.task == "noisy_linear_regression" and args.batch_size == 32
+    path.write_text(
+        "task: noisy_linear_regression\ntask_params: {noise_std: 0.25}\nn_dims: 4\nper_device_train_batch_size: 16\n"
+    )
+    args = ICLTrainingArguments.from_yaml(path, per_device_train_batch_size=32)
+    assert args.task == "noisy_linear_regression" and args.per_device_train_batch_size == 32
     assert args.task_kwargs() == {"noise_std": 0.25}
     (tmp_path / "bad.yaml").write_text("task: linear_regression\nlearning_rat: 0.1\n")
     with pytest.raises(ValueError, match="learning_rat"):
         ICLTrainingArguments.from_yaml(tmp_path / "bad.yaml")
     for field, value in [
         ("learning_rate", 0.0),
-        ("mixed_precision", "fp8"),
-        ("batch_size", 0),
+        ("bf16", "yes"),
+        ("per_device_train_batch_size", 0),
         ("task_params", "[1]"),
         ("curriculum_dims_start", 50),
         ("model_size", "huge"),
@@ -75,14 +77,14 @@ def test_training_fits_a_single_task_pool(tmp_path):
     # one fixed linear task: learnable by the weights alone, so a short run must cut the training loss
     args = small_args(
         tmp_path,
-        train_steps=150,
-        batch_size=32,
+        max_steps=150,
+        per_device_train_batch_size=32,
         curriculum_dims_start=None,
         curriculum_points_start=None,
-        eval_every=0,
-        save_every=0,
+        eval_steps=0,
+        save_steps=0,
         n_tasks=1,
-        logging_every=10,
+        logging_steps=10,
     )
     result = ICLTrainer(args).train()
     losses = [h["train/loss"] for h in result.history if "train/loss" in h]
@@ -94,7 +96,7 @@ def test_training_fits_a_single_task_pool(tmp_path):
 
 
 def test_resume_continues_bit_identically(tmp_path):
-    args = dict(lr_scheduler="cosine", warmup_steps=4)
+    args = dict(lr_scheduler_type="cosine", warmup_steps=4)
     straight = ICLTrainer(small_args(tmp_path / "a", **args)).train()
 
     class Interrupted(ICLTrainer):
@@ -126,13 +128,13 @@ def test_nan_loss_stops_and_keeps_last_checkpoint(tmp_path):
     assert not list((tmp_path / "run" / "checkpoints").glob("*.tmp"))
     saved = load_file(checkpoint / "model.safetensors")
     assert all(torch.isfinite(t).all() for t in saved.values())
-    resumed = ICLTrainer(small_args(tmp_path, resume_from_checkpoint=str(checkpoint), train_steps=12))
+    resumed = ICLTrainer(small_args(tmp_path, resume_from_checkpoint=str(checkpoint), max_steps=12))
     assert resumed.train().step == 12
 
 
 def test_huge_learning_rate_stops_at_a_checkpoint_that_still_trains(tmp_path):
-    ICLTrainer(small_args(tmp_path, train_steps=10, save_every=5)).train()
-    huge = small_args(tmp_path, learning_rate=1e20, save_every=1, resume_from_checkpoint="latest")
+    ICLTrainer(small_args(tmp_path, max_steps=10, save_steps=5)).train()
+    huge = small_args(tmp_path, learning_rate=1e20, save_steps=1, resume_from_checkpoint="latest")
     with pytest.raises(TrainingDivergedError, match="step 11: the loss is nan") as caught:
         ICLTrainer(huge).train()
     message = str(caught.value)
@@ -161,7 +163,7 @@ def test_an_infinite_gradient_is_never_applied(tmp_path, max_grad_norm):
                 next(self.model.parameters()).register_hook(lambda grad: torch.full_like(grad, float("inf")))
             return super()._optimizer_step(step, generator)
 
-    trainer = Poisoned(small_args(tmp_path, save_every=5, max_grad_norm=max_grad_norm))
+    trainer = Poisoned(small_args(tmp_path, save_steps=5, max_grad_norm=max_grad_norm))
     with pytest.raises(TrainingDivergedError, match=r"step 7: the gradient norm is (inf|nan)") as caught:
         trainer.train()
     assert "step-00000005" in str(caught.value)
@@ -179,15 +181,15 @@ def test_non_finite_parameters_are_never_saved(tmp_path):
             return super()._optimizer_step(step, generator)
 
     with pytest.raises(TrainingDivergedError, match="step 10: the parameters are non-finite") as caught:
-        Corrupted(small_args(tmp_path, save_every=5)).train()
+        Corrupted(small_args(tmp_path, save_steps=5)).train()
     assert "step-00000005" in str(caught.value)
     assert latest_checkpoint(tmp_path / "run").name == "step-00000005"
 
 
 def test_environment_checks_come_before_any_work(tmp_path, monkeypatch):
     out = tmp_path / "run"
-    with pytest.raises(ValueError, match="mixed_precision='fp16' needs a GPU.*CPU.*mixed_precision='no'"):
-        ICLTrainer(small_args(tmp_path, mixed_precision="fp16"))
+    with pytest.raises(ValueError, match="fp16=True needs a GPU.*CPU.*drop fp16"):
+        ICLTrainer(small_args(tmp_path, fp16=True))
     real_find_spec = importlib.util.find_spec
     missing = {"wandb", "tensorboard", "tensorboardX"}
     monkeypatch.setattr(
@@ -202,8 +204,8 @@ def test_environment_checks_come_before_any_work(tmp_path, monkeypatch):
     monkeypatch.undo()
     AcceleratorState._reset_state()  # accelerate keeps one precision per process: earlier tests set "no"
     try:
-        with pytest.warns(UserWarning, match="mixed_precision='bf16' on a CPU.*slower"):
-            ICLTrainer(small_args(tmp_path, mixed_precision="bf16"))
+        with pytest.warns(UserWarning, match="bf16=True on a CPU.*slower"):
+            ICLTrainer(small_args(tmp_path, bf16=True))
     finally:
         AcceleratorState._reset_state()  # and later tests use "no" again
 
@@ -220,9 +222,9 @@ RANK_SCRIPT = textwrap.dedent(
     from hf_icl.training import ICLTrainer, ICLTrainingArguments
     Accelerator.end_training = lambda self: None  # several runs in one process: keep the process group
     out = sys.argv[1]
-    args = ICLTrainingArguments(n_dims=3, n_points=5, model_size="tiny", train_steps=4, batch_size=4,
-        curriculum_dims_start=None, curriculum_points_start=None, eval_every=0, save_every=0,
-        report_to="none", progress_bar=False, output_dir=out)
+    args = ICLTrainingArguments(n_dims=3, n_points=5, model_size="tiny", max_steps=4, per_device_train_batch_size=4,
+        curriculum_dims_start=None, curriculum_points_start=None, eval_steps=0, save_steps=0,
+        report_to="none", disable_tqdm=True, output_dir=out)
     trainer = ICLTrainer(args)
     xs, _ = trainer.draw_batch(0, torch.Generator().manual_seed(
         __import__("hf_icl.training.trainer", fromlist=["x"]).step_seed(0, trainer.accelerator.process_index, 0)))
@@ -241,9 +243,9 @@ RANK_SCRIPT = textwrap.dedent(
     def digest(model):
         return hashlib.sha256(b"".join(t.numpy().tobytes() for t in model.state_dict().values())).hexdigest()
 
-    common = dict(n_dims=3, n_points=5, model_size="tiny", train_steps=6, batch_size=4, eval_every=0,
-        eval_prompts=16, save_every=2, logging_every=1, lr_scheduler="cosine", warmup_steps=2,
-        model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', report_to="none", progress_bar=False)
+    common = dict(n_dims=3, n_points=5, model_size="tiny", max_steps=6, per_device_train_batch_size=4, eval_steps=0,
+        eval_prompts=16, save_steps=2, logging_steps=1, lr_scheduler_type="cosine", warmup_steps=2,
+        model_overrides='{"resid_pdrop": 0.2, "embd_pdrop": 0.2}', report_to="none", disable_tqdm=True)
     try:
         Interrupted(ICLTrainingArguments(**common, output_dir=f"{out}/b")).train()
     except KeyboardInterrupt:
@@ -291,7 +293,7 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys)
     """A log file gets one line per logging window and no carriage-return bar redraws."""
     from hf_icl.training import train
 
-    train(tiny_args(tmp_path / "run", progress_bar=True, logging_every=5, save_every=0))
+    train(tiny_args(tmp_path / "run", disable_tqdm=False, logging_steps=5, save_steps=0))
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("training step")]
     assert [line.split(":")[0] for line in lines] == ["training step 5/10", "training step 10/10"]

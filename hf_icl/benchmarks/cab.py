@@ -50,6 +50,7 @@ from hf_icl.kernels.block_sparse_reference import selected_block_indices, token_
 from hf_icl.kernels.coarsen import coarsen_max_l2
 from hf_icl.kernels.roofline import H100_SXM, DevicePeaks, block_sparse_floor, dense_causal_floor
 
+from ..options import OptionParser
 from .timing import emit_markdown, median_seconds
 
 GPU_DEFAULTS = {
@@ -521,7 +522,7 @@ def _ratio(numerator, denominator) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes through every section (CI / interpreter)")
     parser.add_argument("--lengths", type=int, nargs="+")

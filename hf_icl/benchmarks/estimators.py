@@ -17,6 +17,7 @@ import torch
 
 from hf_icl.estimators import get_estimator
 
+from ..options import OptionParser
 from .timing import median_seconds
 
 # Vectorised estimators timed at the full batch, with the arguments used for the table.
@@ -40,7 +41,7 @@ SLOW = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch", type=int, default=1280, help="prompts per batch (B)")
     parser.add_argument("--n-points", type=int, default=41, help="examples per prompt (N)")
     parser.add_argument("--n-dims", type=int, default=20, help="input dimension (d)")

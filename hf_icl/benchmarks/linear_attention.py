@@ -53,6 +53,7 @@ import torch.nn.functional as F
 from hf_icl.kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
 from hf_icl.kernels.linear_attention_triton import CHUNK_SIZES
 
+from ..options import OptionParser
 from .timing import emit_markdown, median_seconds
 
 BASELINE = "sdpa"
@@ -91,7 +92,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="hf-icl bench linear-attention", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     cuda = torch.cuda.is_available()

@@ -13,6 +13,7 @@ import torch
 
 from hf_icl.data.tasks import available_tasks, get_task
 
+from ..options import OptionParser
 from .timing import emit_markdown, median_seconds
 
 # Families whose input dimension is part of their definition.
@@ -31,7 +32,7 @@ def time_family(name: str, args) -> tuple[int, float]:
 
 
 def main(argv=None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batch-size", type=int, default=1280)
     parser.add_argument("--n-points", type=int, default=41)
     parser.add_argument("--n-dims", type=int, default=20)

@@ -40,6 +40,7 @@ from hf_icl.data.tasks import get_task
 from hf_icl.modeling.gpt2_icl import GPT2ForInContextRegression, GPT2ICLConfig
 from hf_icl.modeling.sgpt import SGPTConfig, SGPTForInContextRegression, per_prefix_predictions
 
+from ..options import OptionParser
 from .timing import emit_markdown, median_seconds
 
 #: the speed-ups the issue asks for (reported as met or not, never asserted)
@@ -65,7 +66,7 @@ _POSITIVE = ("n_embd", "n_layer", "n_head", "n_dims", "n_points", "batch", "repe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OptionParser(
         prog="hf-icl bench sgpt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n-embd", type=int, default=256, help="width of every model (default: the document's 256)")

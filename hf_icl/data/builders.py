@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,7 @@ from . import inputs as _inputs_module
 from . import tasks as _tasks_module
 from .niah import NeedleInAHaystack as NeedleInAHaystack  # re-exported: the passkey builder lives in niah.py
 from .niah import NeedleInAHaystackConfig as NeedleInAHaystackConfig
+from .saved_prompts import FAMILY_MARKER
 from .stories import StoryCorpus as StoryCorpus  # re-exported: the story-corpus builder lives in stories.py
 from .stories import StoryCorpusConfig as StoryCorpusConfig
 from .tasks import TASK_REGISTRY, TaskFamily, iterate_prompts, make_task
@@ -156,7 +158,8 @@ class ICLTasks(datasets.GeneratorBasedBuilder):
         family = self.config.build_family()  # fails here, before any work, on a bad config
         label = datasets.Value("int64" if family.target_kind == "categorical" else "float32")
         return datasets.DatasetInfo(
-            description=f"In-context prompts of {family.name}: {family.to_dict()}",
+            # the family as JSON after the marker: SavedPrompts checks a training run against it
+            description=f"In-context prompts of {family.name}. {FAMILY_MARKER}{json.dumps(family.to_dict())}",
             features=datasets.Features(
                 {
                     "xs": datasets.Array2D(shape=(self.config.n_points, family.n_dims), dtype="float32"),

@@ -147,7 +147,7 @@ class Scale:
     n_embd: int
     seeds: tuple[int, ...]
     step_divisor: int  # the document's step counts are divided by this
-    eval_every: int  # steps between test-loss evaluations (the study's code: 500)
+    eval_steps: int  # steps between test-loss evaluations (the study's code: 500)
     train_pool: int | None  # fixed training prompts (the study's code: 16 000); None: fresh prompts every step
     test_prompts: int  # prompts in each evaluation set (the study's code: 4 000)
     train_eval_prompts: int  # training prompts scored for the "train loss" column (the study's code: 2 000)
@@ -166,7 +166,7 @@ class GroupSpec:
     n_embd: int
     seeds: tuple[int, ...]
     steps: int
-    eval_every: int
+    eval_steps: int
     train_pool: int | None
     test_prompts: int
     train_eval_prompts: int
@@ -214,7 +214,7 @@ def group_specs(scale: Scale, seed: int = 0, steps: int | None = None) -> list[G
                     seeds=tuple(s + seed for s in scale.seeds),
                     steps=n_steps,
                     # at least 5 evaluations, so a short run still has a curve
-                    eval_every=max(1, min(scale.eval_every, n_steps // 5)),
+                    eval_steps=max(1, min(scale.eval_steps, n_steps // 5)),
                     train_pool=scale.train_pool,
                     test_prompts=scale.test_prompts,
                     train_eval_prompts=scale.train_eval_prompts,
@@ -394,7 +394,7 @@ def _score(ensemble: SeedEnsemble, prompts: tuple[torch.Tensor, torch.Tensor]) -
 
 def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> GroupResult:
     """Train every seed of ``spec`` in lockstep, scoring the test and training prompts at step 0 and every
-    ``eval_every`` steps; save the result and one ``save_pretrained`` model per seed to ``run_dir``."""
+    ``eval_steps`` steps; save the result and one ``save_pretrained`` model per seed to ``run_dir``."""
     recipe = RECIPES[spec.recipe]
     ensemble = SeedEnsemble(
         recipe.model_type,
@@ -420,7 +420,7 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
     for step in range(spec.steps):
         ensemble.step(*draw_batches(task, pool, spec.batch_size, spec.seeds, step))
         done = step + 1
-        if done % spec.eval_every == 0 or done == spec.steps:
+        if done % spec.eval_steps == 0 or done == spec.steps:
             record(done)
             now = time.perf_counter()
             if now - last_log >= log_every and done < spec.steps:
@@ -1009,12 +1009,12 @@ def _trainer_steppers(spec: GroupSpec, output_dir: Path) -> list[Callable[[int],
             model_type=recipe.model_type,
             model_size=None,
             model_overrides=json.dumps(overrides),
-            batch_size=spec.batch_size,
+            per_device_train_batch_size=spec.batch_size,
             learning_rate=spec.learning_rate,
             max_grad_norm=float(N_DIMS),  # MSE clipped at d = the study's MSE/d clipped at 1
             seed=seed,
             report_to="none",
-            progress_bar=False,
+            disable_tqdm=True,
         )
         trainer, generator = ICLTrainer(args), torch.Generator()
         # the trainer's own step (the part train() repeats), without its evaluation and saving around it
@@ -1128,7 +1128,7 @@ def describe(scale: Scale, steps: int | None = None) -> str:
     return (
         f"{scale.label}: d_model {scale.n_embd}, {N_HEAD} heads, depths 1/3/6; {len(scale.seeds)} seeds "
         f"{scale.seeds}; softmax {by_recipe['softmax']}, linear {by_recipe['linear']} (depths 1/3/6); {pool}; "
-        f"{scale.test_prompts:,} prompts per evaluation set; test loss every {specs[0].eval_every} steps"
+        f"{scale.test_prompts:,} prompts per evaluation set; test loss every {specs[0].eval_steps} steps"
     )
 
 

@@ -29,7 +29,7 @@ from ..training.trainer import TRAINING_ARGS_FILE
 #: the three verdicts a results doc may give a claim
 VERDICTS = ("holds", "does not hold", "not testable at this size")
 #: arguments that do not change what a training run learns (a run differing only in these is reused)
-_BOOKKEEPING = ("output_dir", "overwrite_output_dir", "progress_bar", "report_to", "resume_from_checkpoint")
+_BOOKKEEPING = ("output_dir", "overwrite_output_dir", "disable_tqdm", "report_to", "run_name", "resume_from_checkpoint")
 
 
 def usable_cores() -> int:
@@ -48,9 +48,9 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
         output_dir=str(run_dir),
         overwrite_output_dir=True,
         report_to="none",
-        progress_bar=sys.stderr.isatty(),  # a bar for a person at a terminal, clean logs otherwise
-        eval_every=0,
-        save_every=0,
+        disable_tqdm=not sys.stderr.isatty(),  # a bar for a person at a terminal, clean logs otherwise
+        eval_steps=0,
+        save_steps=0,
         eval_prompts=arguments.pop("eval_prompts", 256),
         **arguments,
     )
@@ -61,7 +61,8 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
         log(f"reusing {run_dir} (trained with the same arguments)")
         return AutoModel.from_pretrained(run_dir).eval()
     started = time.perf_counter()
-    log(f"training {run_dir.name}: {args.model_type}, {args.train_steps} steps × {args.batch_size} prompts")
+    batch = args.per_device_train_batch_size
+    log(f"training {run_dir.name}: {args.model_type}, {args.max_steps} steps × {batch} prompts")
     result = train(args)
     final = result.final_metrics.get("eval/loss", float("nan"))
     log(f"  done in {time.perf_counter() - started:.0f} s, final eval loss {final:.4f}")

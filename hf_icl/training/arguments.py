@@ -4,33 +4,50 @@ from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 from ..validation import check_choice, check_float, check_int
 
-MIXED_PRECISION = ("no", "fp16", "bf16")
-TRACKERS = ("tensorboard", "wandb", "none")
-#: the size presets every registered ICL config offers (None: the config's own defaults)
+#: the values of each typed choice (``--help`` lists them; the dataclass fields use these ``Literal`` types)
+ReportTo = Literal["tensorboard", "wandb", "none"]
+ModelSize = Literal["tiny", "small", "standard", "none"]
+SchedulerType = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+TRACKERS = get_args(ReportTo)
+#: the size presets every registered ICL config offers ("none": the config's own defaults, shape in model_overrides)
 MODEL_SIZES = ("tiny", "small", "standard")
-SCHEDULERS = ("constant", "constant_with_warmup", "linear", "cosine")
+SCHEDULERS = get_args(SchedulerType)
 #: arguments a resumed run may change (the others must equal the checkpoint's): the length of the run,
 #: logging/evaluation/checkpoint cadence, where and how results go, and the two recovery knobs
 RESUMABLE_CHANGES = (
-    "train_steps",
-    "logging_every",
-    "eval_every",
-    "save_every",
+    "max_steps",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
     "save_total_limit",
     "report_to",
-    "progress_bar",
+    "run_name",
+    "disable_tqdm",
     "output_dir",
     "resume_from_checkpoint",
     "overwrite_output_dir",
+    "push_to_hub",
+    "hub_model_id",
+    "hub_private_repo",
     "learning_rate",
     "max_grad_norm",
 )
+#: names of earlier versions, still read from YAML files and saved ``training_args.json`` (old checkpoints)
+LEGACY_NAMES = {
+    "train_steps": "max_steps",
+    "batch_size": "per_device_train_batch_size",
+    "lr_scheduler": "lr_scheduler_type",
+    "logging_every": "logging_steps",
+    "eval_every": "eval_steps",
+    "save_every": "save_steps",
+}
 
 
 @dataclass
@@ -69,28 +86,31 @@ class ICLTrainingArguments:
             "kernel_icl, gd_transformer"
         },
     )
-    model_size: str | None = field(
+    model_size: ModelSize | None = field(
         default="standard",
-        metadata={"help": "size preset: tiny, small or standard; none: no preset (set the shape in model_overrides)"},
+        metadata={"help": "size preset; none: no preset (set the shape in model_overrides)"},
     )
     model_overrides: str = field(default="{}", metadata={"help": "JSON object of extra config fields"})
     attn_implementation: str | None = field(default=None, metadata={"help": "attention backend (sdpa, eager, …)"})
     # -- optimisation --------------------------------------------------------------------------
-    train_steps: int = field(default=500_001, metadata={"help": "optimizer steps"})
-    batch_size: int = field(default=64, metadata={"help": "prompts per rank per micro-batch"})
+    max_steps: int = field(default=500_001, metadata={"help": "optimizer steps"})
+    per_device_train_batch_size: int = field(default=64, metadata={"help": "prompts per device per micro-batch"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
     learning_rate: float = field(default=1e-4, metadata={"help": "peak learning rate (AdamW)"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    lr_scheduler: str = field(default="constant", metadata={"help": "constant, constant_with_warmup, linear, cosine"})
+    lr_scheduler_type: SchedulerType = field(default="constant", metadata={"help": "learning-rate schedule"})
     warmup_steps: int = field(default=0, metadata={"help": "learning-rate warm-up steps"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0: off)"})
-    mixed_precision: str = field(default="no", metadata={"help": "no, fp16 or bf16"})
+    bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (autocast)"})
+    fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with a gradient scaler (GPU only)"})
     seed: int = field(default=0, metadata={"help": "seed of weights and prompts"})
     # -- evaluation, checkpoints, logging ------------------------------------------------------
-    eval_every: int = field(default=1000, metadata={"help": "steps between evaluations (0: never)"})
+    eval_steps: int = field(default=1000, metadata={"help": "steps between evaluations (0: only at the end)"})
     eval_prompts: int = field(default=1280, metadata={"help": "prompts in the fixed evaluation set"})
-    save_every: int = field(default=10_000, metadata={"help": "steps between checkpoints (0: only at the end)"})
-    logging_every: int = field(default=50, metadata={"help": "steps between tracker logs"})
+    save_steps: int = field(default=10_000, metadata={"help": "steps between checkpoints (0: only at the end)"})
+    logging_steps: int = field(
+        default=50, metadata={"help": "steps between logs (the loss averaged over them) and progress lines"}
+    )
     output_dir: str = field(default="outputs/icl", metadata={"help": "checkpoints, final model and model card"})
     resume_from_checkpoint: str | None = field(
         default=None, metadata={"help": "checkpoint dir to resume from, or 'latest'"}
@@ -102,13 +122,30 @@ class ICLTrainingArguments:
     save_total_limit: int | None = field(
         default=None, metadata={"help": "keep only the newest N checkpoints (None: keep all)"}
     )
-    report_to: str = field(default="tensorboard", metadata={"help": "tensorboard, wandb or none"})
-    progress_bar: bool = field(
-        default=True,
+    report_to: ReportTo = field(default="tensorboard", metadata={"help": "experiment tracker"})
+    run_name: str | None = field(
+        default=None, metadata={"help": "name of the run for the tracker and the model card (None: output_dir's name)"}
+    )
+    disable_tqdm: bool = field(
+        default=False,
         metadata={
-            "help": "show progress: a tqdm bar at a terminal, a line every logging_every steps when stderr is not one"
+            "help": "no progress output (else a tqdm bar at a terminal, a line every logging_steps steps otherwise)"
         },
     )
+    # -- data on disk, Hub -----------------------------------------------------------------------
+    train_dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "an ICLTasks dataset saved by `hf-icl dataset --save-to-disk`: train on its prompts (a finite "
+            "pool) instead of drawing fresh ones; task, n_dims and n_points must match it"
+        },
+    )
+    train_dataset_split: str = field(default="train", metadata={"help": "the split of train_dataset to train on"})
+    push_to_hub: bool = field(default=False, metadata={"help": "upload the final model folder to the Hub"})
+    hub_model_id: str | None = field(
+        default=None, metadata={"help": "Hub repo of push_to_hub, 'user/name' (None: output_dir's name)"}
+    )
+    hub_private_repo: bool = field(default=False, metadata={"help": "create the Hub repo private"})
 
     def __post_init__(self):
         self.validate()
@@ -130,20 +167,42 @@ class ICLTrainingArguments:
             self.model_size = None
         if self.model_size is not None:
             check_choice("model_size", self.model_size, MODEL_SIZES)
-        for name in ("train_steps", "batch_size", "gradient_accumulation_steps", "eval_prompts", "logging_every"):
+        for name in (
+            "max_steps",
+            "per_device_train_batch_size",
+            "gradient_accumulation_steps",
+            "eval_prompts",
+            "logging_steps",
+        ):
             check_int(name, getattr(self, name), low=1)
-        for name in ("warmup_steps", "eval_every", "save_every", "seed"):
+        for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
             check_int(name, getattr(self, name), low=0)
         check_float("learning_rate", self.learning_rate, low=0, low_inclusive=False)
         check_float("weight_decay", self.weight_decay, low=0)
         check_float("max_grad_norm", self.max_grad_norm, low=0)
-        check_choice("lr_scheduler", self.lr_scheduler, SCHEDULERS)
-        check_choice("mixed_precision", self.mixed_precision, MIXED_PRECISION)
+        check_choice("lr_scheduler_type", self.lr_scheduler_type, SCHEDULERS)
         check_choice("report_to", self.report_to, TRACKERS)
+        for name in ("bf16", "fp16", "overwrite_output_dir", "disable_tqdm", "push_to_hub", "hub_private_repo"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.bf16 and self.fp16:
+            raise ValueError("bf16=True and fp16=True: pass at most one mixed-precision mode")
+        for name in ("run_name", "hub_model_id", "train_dataset"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value.strip()):
+                raise ValueError(f"{name} must be a non-empty string or None, got {value!r}")
+        if self.hub_model_id is not None and not self.push_to_hub:
+            raise ValueError(
+                f"hub_model_id={self.hub_model_id!r} without push_to_hub=True would be ignored; pass push_to_hub=True"
+            )
+        if self.train_dataset is not None and self.curriculum_dims_start is not None:
+            raise ValueError(
+                f"curriculum_dims_start={self.curriculum_dims_start} with train_dataset={self.train_dataset!r}: a "
+                "saved dataset's labels were computed on all n_dims inputs, so the active dimension cannot grow; "
+                "drop one of the two"
+            )
         if self.save_total_limit is not None:
             check_int("save_total_limit", self.save_total_limit, low=1)
-        if not isinstance(self.overwrite_output_dir, bool):
-            raise ValueError(f"overwrite_output_dir must be True or False, got {self.overwrite_output_dir!r}")
         if self.resume_from_checkpoint is not None and not (
             isinstance(self.resume_from_checkpoint, str) and self.resume_from_checkpoint.strip()
         ):
@@ -180,6 +239,11 @@ class ICLTrainingArguments:
         build_config(self.model_type, self.model_size, **self.model_config_fields(task))
         check_attn_implementation(self.model_type, self.attn_implementation)
 
+    @property
+    def mixed_precision(self) -> str:
+        """The mode as accelerate spells it: "bf16", "fp16" or "no"."""
+        return "bf16" if self.bf16 else "fp16" if self.fp16 else "no"
+
     def task_family(self):
         """The task family these arguments train on (its finite pool, if ``n_tasks`` is set)."""
         from ..data.tasks import get_task
@@ -210,6 +274,22 @@ class ICLTrainingArguments:
         return asdict(self)
 
     @classmethod
+    def from_dict(cls, values: dict[str, Any], source: str = "the training arguments") -> ICLTrainingArguments:
+        """Build from a mapping (a YAML file, a saved ``training_args.json``): names of earlier versions are
+        renamed (with a FutureWarning), unknown names are refused with the closest known ones."""
+        values = upgrade_names(values, source)
+        known = [f.name for f in fields(cls)]
+        for key in values:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
+                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                raise ValueError(f"{source}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)")
+        for key in ("task_params", "model_overrides"):
+            if isinstance(values.get(key), dict):
+                values[key] = json.dumps(values[key])
+        return cls(**values)
+
+    @classmethod
     def from_yaml(cls, path: str | Path, **overrides) -> ICLTrainingArguments:
         """Read a YAML file of fields (dicts allowed for task_params / model_overrides); ``overrides`` win."""
         import yaml
@@ -219,16 +299,27 @@ class ICLTrainingArguments:
         if not isinstance(values, dict):
             raise ValueError(f"{path} must hold a mapping of training arguments, got {type(values).__name__}")
         values.update(overrides)
-        known = [f.name for f in fields(cls)]
-        for key in values:
-            if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
-                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
-                raise ValueError(f"{path}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)")
-        for key in ("task_params", "model_overrides"):
-            if isinstance(values.get(key), dict):
-                values[key] = json.dumps(values[key])
-        return cls(**values)
+        return cls.from_dict(values, source=str(path))
+
+
+def upgrade_names(values: dict[str, Any], source: str = "the training arguments") -> dict[str, Any]:
+    """``values`` with the argument names of earlier versions renamed to today's (a FutureWarning each)."""
+    values = dict(values)
+    for old, new in LEGACY_NAMES.items():
+        if old in values:
+            if new in values:
+                raise ValueError(f"{source}: {old!r} is the old name of {new!r}; pass only {new!r}")
+            warnings.warn(f"{source}: {old!r} is now called {new!r}", FutureWarning, stacklevel=3)
+            values[new] = values.pop(old)
+    if "mixed_precision" in values:  # one field then, two booleans now
+        mode = values.pop("mixed_precision")
+        check_choice("mixed_precision", mode, ("no", "fp16", "bf16"))
+        warnings.warn(f"{source}: 'mixed_precision' is now bf16 / fp16 (booleans)", FutureWarning, stacklevel=3)
+        values.setdefault("bf16", mode == "bf16")
+        values.setdefault("fp16", mode == "fp16")
+    if "progress_bar" in values:
+        values.setdefault("disable_tqdm", not values.pop("progress_bar"))
+    return values
 
 
 def _json_object(name: str, text: str) -> dict[str, Any]:

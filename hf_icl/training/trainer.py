@@ -3,7 +3,9 @@
 Every step draws fresh prompts on the training device (or picks tasks from a finite pool)
 from a generator seeded by ``(seed, rank, step)``: ranks see different prompts, and a resumed
 run sees exactly the prompts the uninterrupted run would have seen, with no sampler state to
-save. Launch on one device with ``python`` / ``hf-icl train``, on many with ``accelerate launch``.
+save. With ``train_dataset`` the prompts come instead from a saved ``ICLTasks`` dataset (a finite
+pool), drawn by the same seeded generator. Launch on one device with ``python`` / ``hf-icl train``,
+on many with ``accelerate launch``.
 """
 
 from __future__ import annotations
@@ -23,13 +25,14 @@ from accelerate.utils import DistributedType, broadcast_object_list, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
+from ..data.saved_prompts import SavedPrompts
 from ..data.tasks import TaskFamily, make_task
 from ..evaluation import ContextScalingResult, evaluate_context_scaling
 from ..evaluation.baselines import default_baselines
 from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..modeling import build_model
-from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments
+from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments, upgrade_names
 from .checkpoints import (
     REQUIRED_FILES,
     SCALER,
@@ -93,15 +96,15 @@ def check_environment(args: ICLTrainingArguments) -> None:
     device = PartialState().device
     if device.type != "cpu":
         return
-    if args.mixed_precision == "fp16":
+    if args.fp16:
         raise ValueError(
-            "mixed_precision='fp16' needs a GPU (fp16 autocast with a gradient scaler), but this run is on the CPU, "
-            "where it would silently train in fp32; use mixed_precision='no' (or 'bf16')"
+            "fp16=True needs a GPU (fp16 autocast with a gradient scaler), but this run is on the CPU, "
+            "where it would silently train in fp32; drop fp16 (or use bf16=True)"
         )
     if PartialState().is_main_process:
         warnings.warn(
-            "mixed_precision='bf16' on a CPU: bf16 autocast is usually much slower than fp32 there; "
-            "use mixed_precision='no' unless you mean to test bf16",
+            "bf16=True on a CPU: bf16 autocast is usually much slower than fp32 there; "
+            "drop bf16 unless you mean to test it",
             stacklevel=3,
         )
 
@@ -122,6 +125,7 @@ class ICLTrainer:
         check_environment(args)
         self.args = args
         self.output_dir = Path(args.output_dir)
+        self.run_name = args.run_name or self.output_dir.resolve().name
         self.accelerator = Accelerator(
             mixed_precision=args.mixed_precision,
             log_with=None if args.report_to == "none" else args.report_to,
@@ -136,6 +140,10 @@ class ICLTrainer:
         set_seed(args.seed)  # the same initial weights on every rank
         self.task = build_task(args)
         self.curriculum = Curriculum.from_args(args)
+        self.saved_prompts = None  # a finite pool of saved prompts (train_dataset), else prompts drawn afresh
+        if args.train_dataset is not None:
+            self.saved_prompts = SavedPrompts(args.train_dataset, args.train_dataset_split)
+            self.saved_prompts.check_matches(self.task.to_dict(), args.n_points)
         model = model if model is not None else build_icl_model(args, self.task)
         # fused: one kernel for all parameters (CPU and CUDA); 5-7 % of a tiny model's CPU step otherwise
         optimizer = torch.optim.AdamW(
@@ -143,7 +151,7 @@ class ICLTrainer:
         )
         # stepped here once per optimizer step: accelerate's prepared scheduler would step once per process
         self.scheduler = get_scheduler(
-            args.lr_scheduler, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.train_steps
+            args.lr_scheduler_type, optimizer, num_warmup_steps=args.warmup_steps, num_training_steps=args.max_steps
         )
         self.model, self.optimizer = self.accelerator.prepare(model, optimizer)
         self.progress = TrainingProgress()
@@ -155,8 +163,12 @@ class ICLTrainer:
     # -- data ------------------------------------------------------------------------------------
     def draw_batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         dims, points = self.curriculum.at(step)
+        if self.saved_prompts is not None:
+            return self.saved_prompts.sample(
+                self.args.per_device_train_batch_size, points, generator, device=self.accelerator.device
+            )
         return self.task.sample(
-            self.args.batch_size,
+            self.args.per_device_train_batch_size,
             points,
             generator=generator,
             n_dims_truncated=dims if dims < self.args.n_dims else None,
@@ -173,7 +185,7 @@ class ICLTrainer:
 
     # -- loop ------------------------------------------------------------------------------------
     def train(self) -> TrainingResult:
-        """Train to ``args.train_steps``, resuming first if asked. The main process holds
+        """Train to ``args.max_steps``, resuming first if asked. The main process holds
         ``OUTPUT_DIR/train.lock`` meanwhile, and refuses an output directory that holds another run
         (unless ``overwrite_output_dir`` or ``resume_from_checkpoint``)."""
         lock = RunLock(self.output_dir)
@@ -188,13 +200,17 @@ class ICLTrainer:
         args, accelerator = self.args, self.accelerator
         self._maybe_resume()
         if args.report_to != "none":
-            accelerator.init_trackers("hf_icl", config=args.to_dict())
-        show = args.progress_bar and accelerator.is_local_main_process
+            # the tracker's project directory stays OUTPUT_DIR/hf_icl (a rerun's overwrite knows it); the run's
+            # name goes where each tracker shows it
+            accelerator.init_trackers(
+                "hf_icl", config=args.to_dict(), init_kwargs={"wandb": {"name": self.run_name}}
+            )
+        show = not args.disable_tqdm and accelerator.is_local_main_process
         # A bar redraws with carriage returns: right at a terminal, megabytes of noise in a log file, which gets a
-        # plain line every logging_every steps instead.
+        # plain line every logging_steps steps instead.
         interactive = sys.stderr.isatty()
         bar = tqdm(
-            total=args.train_steps,
+            total=args.max_steps,
             initial=self.progress.step,
             disable=not (show and interactive),
             desc="training",
@@ -202,30 +218,33 @@ class ICLTrainer:
         )
         generator = torch.Generator(device=accelerator.device)
         self.model.train()
-        while self.progress.step < args.train_steps:
+        window: list[float] = []  # the losses since the last log: the logged loss is their mean, not one step's
+        while self.progress.step < args.max_steps:
             step = self.progress.step
             loss = self._optimizer_step(step, generator)
+            window.append(loss)
             self.progress.step = step + 1
             dims, points = self.curriculum.at(step)
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points, refresh=False)
-            if self.progress.step % args.logging_every == 0:
+            if self.progress.step % args.logging_steps == 0:
+                mean_loss, window = sum(window) / len(window), []
                 if show and not interactive:
                     print(
-                        f"training step {self.progress.step}/{args.train_steps}: loss {loss:.4f}, dims {dims}, "
-                        f"points {points}",
+                        f"training step {self.progress.step}/{args.max_steps}: loss {mean_loss:.4f} (mean of the "
+                        f"last {args.logging_steps} steps), dims {dims}, points {points}",
                         file=sys.stderr,
                         flush=True,
                     )
                 self._log(
                     {
-                        "train/loss": loss,
+                        "train/loss": mean_loss,
                         "train/lr": self.scheduler.get_last_lr()[0],
                         "curriculum/dims": dims,
                         "curriculum/points": points,
                     }
                 )
-            if args.eval_every and self.progress.step % args.eval_every == 0:
+            if args.eval_steps and self.progress.step % args.eval_steps == 0:
                 self._log(self.evaluate())
         bar.close()
         final_rng = capture_rng_state(accelerator.device)  # the state the next step (of an extended run) starts in
@@ -337,7 +356,7 @@ class ICLTrainer:
 
     # -- checkpoints, resume, output directory ----------------------------------------------------
     def _save_due(self, step: int) -> bool:
-        every = self.args.save_every
+        every = self.args.save_steps
         return bool(every) and step % every == 0 and step != self._start_step
 
     def _save_checkpoint(self, step: int, rng_state: dict) -> Path:
@@ -377,7 +396,7 @@ class ICLTrainer:
         remedies = f"a lower learning_rate (now {args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}"
         remedies += "; 0 is off)" if args.max_grad_norm else ", off)"
         if args.mixed_precision != "no":
-            remedies += ", or mixed_precision='no'"
+            remedies += f", or {args.mixed_precision}=False"
         return TrainingDivergedError(f"training diverged at step {step}: {problem}. {advice} with {remedies}.")
 
     def _on_main(self, action) -> None:
@@ -438,10 +457,10 @@ class ICLTrainer:
             )
         changes = self._resume_changes(path, manifest["training_args"])
         step = manifest["step"]
-        if step > self.args.train_steps:
+        if step > self.args.max_steps:
             raise ValueError(
-                f"train_steps must be at least the step of resume_from_checkpoint={str(path)!r} ({step}), "
-                f"got {self.args.train_steps}"
+                f"max_steps must be at least the step of resume_from_checkpoint={str(path)!r} ({step}), "
+                f"got {self.args.max_steps}"
             )
         trainer_state, rng_state = load_checkpoint(
             path, manifest, accelerator, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
@@ -472,6 +491,7 @@ class ICLTrainer:
     def _resume_changes(self, path: Path, saved: dict) -> dict[str, tuple]:
         """The arguments that differ from the checkpoint's: refuse (one ValueError listing them all) unless
         every one may change on resume; return the changes (``name: (old, new)``) otherwise."""
+        saved = upgrade_names(saved, f"checkpoint {path}")  # a checkpoint of an earlier version
         current, absent = self.args.to_dict(), "<absent>"
         differing = {
             name: (saved.get(name, absent), current.get(name, absent))
@@ -489,9 +509,9 @@ class ICLTrainer:
         return {name: change for name, change in differing.items() if name != "resume_from_checkpoint"}
 
     def _apply_resume_changes(self, changes: dict[str, tuple]) -> None:
-        """A new learning_rate becomes the schedule's base; a new train_steps reshapes the schedule
+        """A new learning_rate becomes the schedule's base; a new max_steps reshapes the schedule
         (built for it in __init__) from the resumed step on; max_grad_norm and cadences are read live."""
-        if "learning_rate" not in changes and "train_steps" not in changes:
+        if "learning_rate" not in changes and "max_steps" not in changes:
             return
         scheduler = self.scheduler
         if "learning_rate" in changes:
