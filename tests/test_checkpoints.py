@@ -228,7 +228,8 @@ def test_cli_reports_a_corrupted_checkpoint_in_one_line(run_copy, capsys):
     checkpoint = step_dir(run_copy, 10)
     zero_bytes_inside(checkpoint / "optimizer.safetensors")
     argv = ["train", "--n_dims", "3", "--n_points", "6", "--model_size", "tiny", "--max_steps", "12"]
-    argv += ["--per_device_train_batch_size", "8", "--learning_rate", "3e-3", "--eval_steps", "0", "--eval_prompts", "32"]
+    argv += ["--per_device_train_batch_size", "8", "--learning_rate", "3e-3", "--eval_steps", "0"]
+    argv += ["--eval_prompts", "32"]
     argv += ["--save_steps", "5", "--logging_steps", "1", "--report_to", "none", "--disable_tqdm"]
     argv += ["--output_dir", str(run_copy), "--resume_from_checkpoint", "latest"]
     assert main(argv) == 2
@@ -240,7 +241,12 @@ def test_cli_reports_a_corrupted_checkpoint_in_one_line(run_copy, capsys):
 # -- resuming with changed arguments ---------------------------------------------------------------------------
 @pytest.mark.parametrize(
     "changes",
-    [{"n_dims": 4}, {"task": "noisy_linear_regression"}, {"per_device_train_batch_size": 16}, {"seed": 1, "weight_decay": 0.1}],
+    [
+        {"n_dims": 4},
+        {"task": "noisy_linear_regression"},
+        {"per_device_train_batch_size": 16},
+        {"seed": 1, "weight_decay": 0.1},
+    ],
     ids=["n_dims", "task", "batch_size", "seed+weight_decay"],
 )
 def test_resume_refuses_changed_arguments(run_copy, changes):

@@ -93,7 +93,8 @@ def test_train_then_evaluate(tmp_path, capsys):
     config = tmp_path / "run.yaml"
     config.write_text("task: noisy_linear_regression\ntask_params: {noise_std: 0.1}\nn_dims: 3\nn_points: 6\n")
     out = tmp_path / "run"
-    argv = ["train", "--config", str(config), "--model_size", "tiny", "--max_steps", "3", "--per_device_train_batch_size", "4"]
+    argv = ["train", "--config", str(config), "--model_size", "tiny", "--max_steps", "3"]
+    argv += ["--per_device_train_batch_size", "4"]
     argv += ["--eval_prompts", "16", "--report_to", "none", "--disable_tqdm", "--output_dir", str(out)]
     assert main(argv) == 0
     assert (out / "model.safetensors").exists() and (out / "training_args.json").exists()

@@ -269,7 +269,9 @@ def test_the_trainer_trains_sgpt_and_reloads_it(tmp_path):
     xs, ys = get_task("linear_regression", n_dims=3).sample(256, 6, seed=7)
     untrained = build_model("sgpt", "tiny", n_dims=3, n_points=6).eval()
     result = train(
-        tiny_args(tmp_path, model_type="sgpt", max_steps=200, per_device_train_batch_size=32, save_steps=0, learning_rate=3e-3)
+        tiny_args(
+            tmp_path, model_type="sgpt", max_steps=200, per_device_train_batch_size=32, save_steps=0, learning_rate=3e-3
+        )
     )
     model = result.model.eval()
     assert isinstance(model, SGPTForInContextRegression)
