@@ -31,6 +31,7 @@ from ..evaluation import ContextScalingResult, evaluate_context_scaling
 from ..evaluation.baselines import default_baselines
 from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
+from ..evaluation.runs import METRICS_FILE, evaluation_entry, write_curve_csv, write_metrics
 from ..modeling import build_model
 from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments, upgrade_names
 from .checkpoints import (
@@ -46,12 +47,14 @@ from .checkpoints import (
     save_checkpoint,
 )
 from .curriculum import Curriculum
+from .hub import check_hub_access, default_repo_name, push_model_folder
 from .manifest import CheckpointError, verify_checkpoint
-from .model_card import write_model_card
+from .model_card import eval_results_from_context_scaling, write_model_card
 from .run_lock import OutputDirError, RunLock, existing_run, remove_run
 
 TRAINING_ARGS_FILE = "training_args.json"  # lets `hf-icl evaluate` rebuild the training task
 PLOT_FILE = "context_scaling.png"
+CURVE_FILE = "context_scaling.csv"  # the per-position curves of metrics.json's "standard" evaluation
 EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
 
 
@@ -126,6 +129,10 @@ class ICLTrainer:
         self.args = args
         self.output_dir = Path(args.output_dir)
         self.run_name = args.run_name or self.output_dir.resolve().name
+        self.hub_repo_id = self.hub_url = None
+        if args.push_to_hub:  # offline, not logged in or a refused token: fail now, not after training
+            self.hub_repo_id = args.hub_model_id or default_repo_name(self.output_dir)
+            check_hub_access(self.hub_repo_id)
         self.accelerator = Accelerator(
             mixed_precision=args.mixed_precision,
             log_with=None if args.report_to == "none" else args.report_to,
@@ -264,12 +271,48 @@ class ICLTrainer:
                 model.save_pretrained(self.output_dir)
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
             scaling = self.context_scaling()
-            scaling.plot(self.output_dir / PLOT_FILE)
-            table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
-            write_model_card(self.output_dir, args.to_dict(), final_metrics, plot_file=PLOT_FILE, results_table=table)
+            self._write_results(scaling, final_metrics)
+            if args.push_to_hub:
+                self.hub_url = push_model_folder(self.output_dir, self.hub_repo_id, private=args.hub_private_repo)
         accelerator.wait_for_everyone()
         accelerator.end_training()
         return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics, scaling)
+
+    def _write_results(self, scaling: ContextScalingResult, final_metrics: dict[str, float]) -> None:
+        """The plot, ``metrics.json``, the per-position CSV, the tracker's curves and the model card."""
+        args, name = self.args, self.args.model_type
+        scaling.plot(self.output_dir / PLOT_FILE)
+        scalars = {"steps": self.progress.step, **{k: v for k, v in final_metrics.items() if k != "step"}}
+        write_metrics(
+            self.output_dir / METRICS_FILE,
+            {"standard": evaluation_entry(scaling, seed=args.seed + EVAL_SEED_OFFSET)},
+            model=name,
+            task=self.task.name,
+            scalars=scalars,
+            run_name=self.run_name,
+        )
+        write_curve_csv(self.output_dir / CURVE_FILE, scaling)
+        self._log_curves(scaling)
+        table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
+        write_model_card(
+            self.output_dir,
+            args.to_dict(),
+            final_metrics,
+            plot_file=PLOT_FILE,
+            results_table=table,
+            eval_results=eval_results_from_context_scaling(scaling, name),
+            model_id=self.hub_repo_id,
+        )
+
+    def _log_curves(self, scaling: ContextScalingResult) -> None:
+        """TensorBoard gets each predictor's per-position curve: tag ``context_scaling/NAME``, step = examples."""
+        if self.args.report_to != "tensorboard":
+            return
+        writer = self.accelerator.get_tracker("tensorboard", unwrap=True)
+        for name in scaling.predictors:
+            for examples, value in enumerate(scaling.values[name].tolist()):
+                writer.add_scalar(f"context_scaling/{name}", value, global_step=examples)
+        writer.flush()
 
     def _optimizer_step(self, step: int, generator: torch.Generator) -> float:
         """One optimizer step. A checkpoint due at ``step`` is written inside it, after this step's

@@ -1,0 +1,140 @@
+"""The command line keeps the HF stack's conventions: both option spellings everywhere, typed choices in
+``--help``, a torch-free front door, and the training arguments' transformers names."""
+
+import argparse
+import json
+import subprocess
+import sys
+import warnings
+
+import pytest
+from transformers import HfArgumentParser
+
+import hf_icl_cli
+from hf_icl.cli import build_parser, main
+from hf_icl.options import both_spellings
+from hf_icl.training import ICLTrainingArguments
+
+TRANSFORMERS_NAMES = (
+    "max_steps",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "logging_steps",
+    "eval_steps",
+    "save_steps",
+    "save_total_limit",
+    "output_dir",
+    "overwrite_output_dir",
+    "report_to",
+    "run_name",
+    "seed",
+    "bf16",
+    "fp16",
+    "push_to_hub",
+    "hub_model_id",
+    "resume_from_checkpoint",
+)
+
+
+def _sub_parsers(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return dict(action.choices)
+
+
+def test_every_subcommand_option_takes_both_spellings():
+    checked = 0
+    for name, sub in _sub_parsers(build_parser()).items():
+        for action in sub._actions:
+            longs = [o for o in action.option_strings if o.startswith("--") and o not in ("--help", "--version")]
+            for option in longs:
+                if option.startswith("--no-") or option.startswith("--no_"):
+                    continue  # BooleanOptionalAction's negations follow their option
+                assert set(both_spellings((option,))) <= set(action.option_strings), (name, option)
+                checked += 1
+    assert checked > 50
+    args = build_parser().parse_args(["compare", "--n_prompts", "7", "--n-points", "5"])
+    assert (args.n_prompts, args.n_points) == (7, 5)
+
+
+def test_train_accepts_both_spellings_and_lists_typed_choices(capsys):
+    parser = HfArgumentParser(ICLTrainingArguments)
+    snake = parser.parse_args_into_dataclasses(["--max_steps", "7", "--lr_scheduler_type", "cosine"])[0]
+    kebab = parser.parse_args_into_dataclasses(["--max-steps", "7", "--lr-scheduler-type", "cosine"])[0]
+    assert snake == kebab and snake.max_steps == 7 and snake.lr_scheduler_type == "cosine"
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for choices in (
+        "{constant,constant_with_warmup,linear,cosine}",
+        "{tensorboard,wandb,none}",
+        "{tiny,small,standard,none}",
+    ):
+        assert choices in text
+    with pytest.raises(SystemExit):
+        parser.parse_args_into_dataclasses(["--lr_scheduler_type", "step"])
+
+
+def test_training_arguments_use_transformers_names():
+    names = {f for f in ICLTrainingArguments.__dataclass_fields__}
+    assert set(TRANSFORMERS_NAMES) <= names
+    for old in ("train_steps", "batch_size", "lr_scheduler", "logging_every", "mixed_precision", "progress_bar"):
+        assert old not in names
+    assert ICLTrainingArguments(bf16=True).mixed_precision == "bf16"
+    assert ICLTrainingArguments().mixed_precision == "no"
+    with pytest.raises(ValueError, match="bf16=True and fp16=True"):
+        ICLTrainingArguments(bf16=True, fp16=True)
+    with pytest.raises(ValueError, match="hub_model_id='me/x' without push_to_hub"):
+        ICLTrainingArguments(hub_model_id="me/x")
+
+
+def test_old_names_in_files_are_renamed_with_a_warning(tmp_path):
+    path = tmp_path / "old.yaml"
+    path.write_text("train_steps: 12\nbatch_size: 16\nlogging_every: 3\nmixed_precision: bf16\nprogress_bar: false\n")
+    with pytest.warns(FutureWarning, match="'train_steps' is now called 'max_steps'"):
+        args = ICLTrainingArguments.from_yaml(path)
+    assert (args.max_steps, args.per_device_train_batch_size, args.logging_steps) == (12, 16, 3)
+    assert args.bf16 and not args.fp16 and args.disable_tqdm
+    with pytest.raises(ValueError, match="'train_steps' is the old name of 'max_steps'"):
+        ICLTrainingArguments.from_dict({"train_steps": 1, "max_steps": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # today's names: no warning
+        ICLTrainingArguments.from_dict({"max_steps": 5})
+
+
+def test_front_door_answers_help_and_version_without_torch():
+    code = (
+        "import sys, hf_icl_cli\n"
+        "for argv in (['--help'], ['--version']):\n"
+        "    try:\n"
+        "        hf_icl_cli.main(argv)\n"
+        "    except SystemExit as done:\n"
+        "        assert done.code == 0, done.code\n"
+        "heavy = sorted(m for m in ('torch', 'transformers', 'hf_icl') if m in sys.modules)\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "HEAVY []" in out
+    for command in hf_icl_cli.COMMANDS:
+        assert command in out
+    assert f"hf-icl {hf_icl_cli.version()}" in out
+
+
+def test_front_door_lists_exactly_the_commands_hf_icl_cli_runs():
+    assert set(_sub_parsers(build_parser())) == set(hf_icl_cli.COMMANDS)
+
+
+def test_front_door_hands_commands_on(capsys):
+    assert hf_icl_cli.main(["tasks"]) == 0
+    assert "linear_regression:" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as done:
+        hf_icl_cli.main([])
+    assert done.value.code == 2  # a command is required
+
+
+def test_training_args_json_round_trips(tmp_path):
+    args = ICLTrainingArguments(max_steps=9, run_name="r", bf16=True)
+    again = ICLTrainingArguments.from_dict(json.loads(json.dumps(args.to_dict())))
+    assert again == args
