@@ -4,6 +4,12 @@
   shared prompts, with bootstrap bands and the trivial predictor; tables, tidy rows, PNG plots.
 * :func:`evaluate_task_scaling`: error against the number of pretraining tasks T, on fresh tasks.
 * :func:`ood_task` / :data:`OOD_KINDS`: Garg et al.'s distribution-shifted prompts.
+* :func:`evaluate_prompt_strategy` (:func:`random_quadrants_prompts`, :func:`orthogonal_prompts`,
+  :func:`overlapping_prompts`): queries placed against their context, scored position by position.
+* :func:`run_garg_suite` / :func:`garg_evaluations` / :data:`GARG_EVALUATIONS`: Garg et al.'s whole evaluation
+  suite on one model, cached in ``metrics.json`` with a figure per evaluation and a summary table.
+* :func:`write_metrics`, :func:`read_metrics`, :func:`evaluation_entry`, :func:`write_curve_csv`,
+  :func:`read_runs`: the ``metrics.json`` format every run writes, and a directory of runs as one DataFrame.
 * :func:`load_metric`, :class:`ICLSquaredError`, :class:`ICLAccuracy`: the same metrics as
   ``evaluate.Metric`` classes; loaded on first use, so importing this package needs neither
   ``evaluate`` nor ``datasets``.
@@ -31,11 +37,20 @@ Example::
 from typing import Any
 
 from .bootstrap import bootstrap_band, bootstrap_indices
-from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
+from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling, result_from_scores
+from .garg_suite import GARG_EVALUATIONS, GargEvaluation, garg_evaluations, run_garg_suite
 from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
 from .niah import NIAHMethod, greedy_answer, load_niah_results, niah_methods, run_niah
 from .niah_report import summarize_niah, write_niah_report
 from .ood import OOD_KINDS, ood_task
+from .prompt_strategies import (
+    PROMPT_STRATEGIES,
+    evaluate_prompt_strategy,
+    orthogonal_prompts,
+    overlapping_prompts,
+    random_quadrants_prompts,
+)
+from .runs import evaluation_entry, read_metrics, read_runs, result_from_entry, write_curve_csv, write_metrics
 from .story_judge import aggregate_scores, judge_prompt, judge_stories, local_model_judge, parse_scores
 from .task_scaling import TaskScalingResult, evaluate_task_scaling
 
@@ -52,9 +67,12 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "GARG_EVALUATIONS",
     "OOD_KINDS",
+    "PROMPT_STRATEGIES",
     "TRIVIAL",
     "ContextScalingResult",
+    "GargEvaluation",
     "ICLAccuracy",
     "ICLSquaredError",
     "NIAHMethod",
@@ -64,20 +82,33 @@ __all__ = [
     "bootstrap_band",
     "bootstrap_indices",
     "evaluate_context_scaling",
+    "evaluate_prompt_strategy",
     "evaluate_task_scaling",
-    "load_metric",
+    "evaluation_entry",
+    "garg_evaluations",
     "greedy_answer",
     "judge_prompt",
     "judge_stories",
+    "load_metric",
     "load_niah_results",
     "local_model_judge",
     "metric_for_task",
     "niah_methods",
     "normalizer_for",
     "ood_task",
+    "orthogonal_prompts",
+    "overlapping_prompts",
     "parse_scores",
     "predicted_labels",
+    "random_quadrants_prompts",
+    "read_metrics",
+    "read_runs",
+    "result_from_entry",
+    "result_from_scores",
+    "run_garg_suite",
     "run_niah",
     "summarize_niah",
+    "write_curve_csv",
+    "write_metrics",
     "write_niah_report",
 ]

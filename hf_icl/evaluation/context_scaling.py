@@ -178,19 +178,48 @@ def evaluate_context_scaling(
 
     xs, ys = family.sample(n_prompts, n_points, seed=seed)
     scores = score_predictors(predictors, xs, ys, metric, batch_size=batch_size, device=device)
-    scores[TRIVIAL] = metric.trivial_per_prompt(ys)
+    trivial = metric.trivial_per_prompt(ys)
+    result = result_from_scores(
+        scores, trivial, metric, task_name=family.name, seed=seed, n_bootstrap=n_bootstrap, confidence=confidence
+    )
+    if plot_path is not None:
+        result.plot(plot_path, title=title)
+    return result
 
+
+def result_from_scores(
+    scores: Mapping[str, torch.Tensor],
+    trivial_scores: torch.Tensor,
+    metric: PositionMetric,
+    *,
+    task_name: str,
+    seed: int,
+    n_bootstrap: int = 1000,
+    confidence: tuple[float, float] = (0.05, 0.95),
+) -> ContextScalingResult:
+    """Curves and bootstrap bands from per-prompt scores ``{name: (P, N)}`` plus the trivial
+    predictor's ``(P, N)``: every evaluation that scores prompts position by position ends here.
+
+    One bootstrap resampling (seeded with ``seed``) serves every curve, so bands are paired like the curves.
+
+    >>> import torch
+    >>> from hf_icl.evaluation.metrics import PositionMetric
+    >>> scores = {"half": torch.full((4, 2), 0.5, dtype=torch.float64)}
+    >>> result = result_from_scores(scores, torch.ones(4, 2, dtype=torch.float64), PositionMetric("regression"),
+    ...                             task_name="demo", seed=0)
+    >>> result.predictors, float(result.curves["half"][1]), float(result.upper["half"][1])
+    (['half', 'trivial'], 0.5, 0.5)
+    """
+    scores = {**scores, TRIVIAL: trivial_scores}
+    n_prompts = trivial_scores.shape[0]
     indices = bootstrap_indices(n_bootstrap, n_prompts, seed)  # one resampling shared by all curves
     bands = {name: band_from_indices(s, indices, confidence) for name, s in scores.items()}
-    result = ContextScalingResult(
+    return ContextScalingResult(
         metric=metric,
         values={name: s.mean(dim=0) for name, s in scores.items()},
         lower={name: band[0] for name, band in bands.items()},
         upper={name: band[1] for name, band in bands.items()},
         n_prompts=n_prompts,
-        task_name=family.name,
-        confidence=confidence,
+        task_name=task_name,
+        confidence=check_confidence(confidence),
     )
-    if plot_path is not None:
-        result.plot(plot_path, title=title)
-    return result

@@ -15,7 +15,9 @@ Kinds (:data:`OOD_KINDS`), with their keyword arguments:
 * ``"half_subspace"`` (``subspace_dim=d//2``, ``match_norm=False``, ``rotation_seed=0``): x confined
   to a random subspace. By default x is the projection of an N(0, I) input onto it (unit variance
   along the subspace, so E‖x‖² = d/2); ``match_norm=True`` rescales to E‖x‖² = d.
-* ``"noisy_labels"`` (``noise_std=1.0``): N(0, σ²) label noise, for (noisy) linear regression.
+* ``"noisy_labels"`` (``noise_std=1.0``, ``renormalize_ys=None``): N(0, σ²) label noise, for (noisy)
+  linear regression; ``renormalize_ys`` (see :class:`~hf_icl.data.tasks.NoisyLinearRegression`) rescales
+  the labels, ``None`` keeps a noisy family's own setting (off for plain linear regression).
 * ``"anisotropic"`` (``variances=(0.5, 1, 1.5, 1, 1.75)``): x ~ N(0, diag(variances)), the
   linear-attention study's shift, the variances tiled or truncated to d.
 
@@ -43,8 +45,8 @@ from ..data.inputs import (
     InputDistribution,
     UniformInputs,
 )
-from ..data.tasks import LinearRegression, NoisyLinearRegression, TaskFamily, make_task
-from ..validation import check_float, check_int
+from ..data.tasks import RENORMALIZATIONS, LinearRegression, NoisyLinearRegression, TaskFamily, make_task
+from ..validation import check_choice, check_float, check_int
 
 #: The linear-attention study's diagonal input variances (tiled or truncated to d).
 ANISOTROPIC_VARIANCES = (0.5, 1.0, 1.5, 1.0, 1.75)
@@ -107,13 +109,16 @@ def _half_subspace(
     return with_inputs(task, CovarianceGaussianInputs(spectrum=spectrum, rotation_seed=rotation_seed))
 
 
-def _noisy_labels(task: TaskFamily, noise_std: float = 1.0) -> TaskFamily:
+def _noisy_labels(task: TaskFamily, noise_std: float = 1.0, renormalize_ys: bool | str | None = None) -> TaskFamily:
     noise_std = check_float("noise_std", noise_std, low=0)
+    if renormalize_ys is not None:
+        check_choice("renormalize_ys", renormalize_ys, RENORMALIZATIONS)
     if type(task) is NoisyLinearRegression:
-        return dataclasses.replace(task, noise_std=noise_std, noise_probs=None)
+        keep = {} if renormalize_ys is None else {"renormalize_ys": renormalize_ys}
+        return dataclasses.replace(task, noise_std=noise_std, noise_probs=None, **keep)
     if type(task) is LinearRegression:
         kept = {f.name: getattr(task, f.name) for f in dataclasses.fields(task) if f.init}
-        return NoisyLinearRegression(**kept, noise_std=noise_std)
+        return NoisyLinearRegression(**kept, noise_std=noise_std, renormalize_ys=renormalize_ys or False)
     raise ValueError(
         f"noisy_labels is defined for linear_regression and noisy_linear_regression, got {task.name}; "
         f"families with their own noise (e.g. sinusoids) take noise_std directly"
