@@ -204,6 +204,8 @@ def run_train(argv: list[str]) -> int:
     if PartialState().is_main_process:  # under accelerate launch, one report, not one per rank
         print(json.dumps(result.final_metrics, indent=2))
         print(f"saved to {result.output_dir}")
+        if result.hub_url:
+            print(f"pushed to the Hub: {result.hub_url}")
     return 0
 
 
@@ -247,6 +249,11 @@ def run_evaluate(args) -> int:
     _check_estimator_names(args.estimators)
     if args.plot:
         _writable("--plot", args.plot, directory=False)
+    if args.suite and (args.ood or args.plot):
+        flag = "--ood" if args.ood else "--plot"
+        raise CLIError(f"--suite {args.suite} runs every shift and writes one plot per shift: drop {flag}")
+    output_dir = Path(args.output_dir or Path("outputs/evaluate") / Path(args.model.rstrip("/")).name)
+    _writable("--output-dir", str(output_dir), directory=True)
     device = _device("--device", args.device)
     source = _model_source("--model", args.model)
     config = _load_config("--model", args.model, source)
@@ -266,6 +273,8 @@ def run_evaluate(args) -> int:
         except ValueError as err:  # a field this version does not have
             raise CLIError(f"{saved} cannot be read by this version of hf_icl ({err}); pass --task") from None
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
+    if args.suite:
+        return _run_suite(args, source, family, output_dir, device)
     if args.ood:
         family = ood_task(family, args.ood)
     predictors = _estimators(args.estimators, family)
@@ -275,6 +284,61 @@ def run_evaluate(args) -> int:
     predictors = {model.config.model_type: model, **predictors}
     result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=device)
     _print_context_scaling(result, family, args)
+    _save_evaluation(result, args, output_dir, model.config.model_type, family)
+    return 0
+
+
+def _save_evaluation(result, args, output_dir: Path, model_name: str, family) -> None:
+    """Add this evaluation to OUTPUT_DIR/metrics.json (other evaluations there stay) and write its CSV."""
+    from .evaluation.runs import METRICS_FILE, evaluation_entry, read_metrics, write_curve_csv, write_metrics
+
+    name = args.ood or "standard"
+    path = output_dir / METRICS_FILE
+    document = read_metrics(path) if path.exists() else {"model": model_name, "task": family.name}
+    evaluations = {**document.get("evaluations", {}), name: evaluation_entry(result, seed=args.seed)}
+    kept = {k: v for k, v in document.items() if k not in ("format", "evaluations")}
+    write_metrics(path, evaluations, **kept)
+    curve = write_curve_csv(output_dir / f"context_scaling_{name}.csv", result)
+    print(f"metrics: {path} (evaluation {name!r}), curve: {curve}")
+
+
+def _run_suite(args, source: str, family, output_dir: Path, device) -> int:
+    """``--suite garg``: every evaluation of Garg et al.'s build_evals, cached in OUTPUT_DIR/metrics.json."""
+    from transformers import AutoModel
+
+    from .evaluation.garg_suite import SUMMARY_FILE, run_garg_suite, summary_markdown
+
+    model = AutoModel.from_pretrained(source)
+    if device is not None:
+        model.to(device)
+    document = run_garg_suite(
+        model,
+        family,
+        output_dir,
+        n_prompts=args.n_prompts,
+        seed=args.seed,
+        device=device,
+        estimators=args.estimators,
+        model_name=model.config.model_type,
+    )
+    print(summary_markdown(document))
+    print(f"metrics: {output_dir / 'metrics.json'}, summary: {output_dir / SUMMARY_FILE}")
+    print(f"plots: {output_dir}/garg_*.png")
+    return 0
+
+
+def run_push(args) -> int:
+    """Upload a trained model folder; access is checked before anything is read or sent."""
+    from .training.hub import check_hub_access, check_model_folder, push_model_folder
+
+    folder = Path(args.folder).expanduser()
+    if not folder.is_dir():
+        raise CLIError(f"FOLDER {args.folder}: no such directory (pass a folder written by hf-icl train)")
+    check_model_folder(folder)
+    user = check_hub_access(args.repo_id)
+    print(f"pushing {folder} to {args.repo_id} as {user}", file=sys.stderr)
+    url = push_model_folder(folder, args.repo_id, private=args.private, commit_message=args.commit_message)
+    print(url)
     return 0
 
 
@@ -690,6 +754,19 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters with --task")
     ev.add_argument("--ood", default=None, help="distribution shift: scaled_x, scaled_y, skewed_covariance, ...")
     ev.add_argument(
+        "--suite",
+        choices=["garg"],
+        default=None,
+        help="garg: every evaluation of Garg et al.'s build_evals (standard, quadrants, orthogonal / overlapping "
+        "train-test, half subspace, skewed covariance, scaled x and y, noisy labels); reruns compute only what "
+        "OUTPUT_DIR/metrics.json lacks",
+    )
+    ev.add_argument(
+        "--output-dir",
+        default=None,
+        help="metrics.json, the per-position CSV and the suite's plots (default: outputs/evaluate/MODEL_NAME)",
+    )
+    ev.add_argument(
         "--estimators",
         type=_names,
         default=None,
@@ -700,6 +777,13 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--device", default=None, help="device for the model (default: where it is)")
     _add_plot_arguments(ev)
     ev.set_defaults(run=run_evaluate)
+
+    push = commands.add_parser("push", help=COMMANDS["push"], formatter_class=_formatter)
+    push.add_argument("folder", help="a folder written by hf-icl train (save_pretrained weights, config, card)")
+    push.add_argument("repo_id", help="the Hub model repo, 'user/name' (created if missing)")
+    push.add_argument("--private", action="store_true", help="create the repo private")
+    push.add_argument("--commit-message", default=None, help="(default: 'Upload MODEL_TYPE trained with hf_icl')")
+    push.set_defaults(run=run_push)
 
     quick = commands.add_parser("compare", help=COMMANDS["compare"], formatter_class=_formatter)
     quick.add_argument(

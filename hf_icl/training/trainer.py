@@ -78,6 +78,8 @@ class TrainingResult:
     final_metrics: dict[str, float] = field(default_factory=dict)
     #: the final model against the default baselines (main process only; None on other ranks)
     context_scaling: ContextScalingResult | None = None
+    #: the Hub commit of push_to_hub (None without it)
+    hub_url: str | None = None
 
 
 def step_seed(seed: int, rank: int, step: int) -> int:
@@ -209,9 +211,7 @@ class ICLTrainer:
         if args.report_to != "none":
             # the tracker's project directory stays OUTPUT_DIR/hf_icl (a rerun's overwrite knows it); the run's
             # name goes where each tracker shows it
-            accelerator.init_trackers(
-                "hf_icl", config=args.to_dict(), init_kwargs={"wandb": {"name": self.run_name}}
-            )
+            accelerator.init_trackers("hf_icl", config=args.to_dict(), init_kwargs={"wandb": {"name": self.run_name}})
         show = not args.disable_tqdm and accelerator.is_local_main_process
         # A bar redraws with carriage returns: right at a terminal, megabytes of noise in a log file, which gets a
         # plain line every logging_steps steps instead.
@@ -276,7 +276,9 @@ class ICLTrainer:
                 self.hub_url = push_model_folder(self.output_dir, self.hub_repo_id, private=args.hub_private_repo)
         accelerator.wait_for_everyone()
         accelerator.end_training()
-        return TrainingResult(model, self.output_dir, self.progress.step, self.history, final_metrics, scaling)
+        return TrainingResult(
+            model, self.output_dir, self.progress.step, self.history, final_metrics, scaling, self.hub_url
+        )
 
     def _write_results(self, scaling: ContextScalingResult, final_metrics: dict[str, float]) -> None:
         """The plot, ``metrics.json``, the per-position CSV, the tracker's curves and the model card."""
