@@ -120,6 +120,12 @@ def test_prompt_builders_refuse_bad_inputs_with_the_argument_named():
     with pytest.raises(ValueError, match="strategy must be one of .*'random_quadrants'.*got 'standard'"):
         evaluate_prompt_strategy({"ls": get_estimator("least_squares")}, get_task("linear_regression", n_dims=2),
                                  "standard", n_prompts=4, n_points=3)  # fmt: skip
+    with pytest.raises(
+        ValueError, match="bad strategy_options \\{'query_orthant': 'random'\\} for strategy 'orthogonal"
+    ):
+        evaluate_prompt_strategy({"ls": get_estimator("least_squares")}, get_task("linear_regression", n_dims=2),
+                                 "orthogonal_train_test", n_prompts=4, n_points=3,
+                                 strategy_options={"query_orthant": "random"})  # fmt: skip
     with pytest.raises(ValueError, match="draws its own inputs"):
         evaluate_prompt_strategy({"knn": get_estimator("knn")}, get_task("latent_group_sinusoid"),
                                  "overlapping_train_test", n_prompts=4, n_points=3)  # fmt: skip

@@ -23,6 +23,7 @@ Bayes-optimal ridge). Results go to ``output_dir/metrics.json`` (:mod:`hf_icl.ev
 rewritten atomically after each evaluation; a rerun computes only the (evaluation, predictor) pairs that are
 missing or were computed with another ``n_prompts``, ``seed`` or prompt length. Each evaluation also gets a
 figure ``garg_<name>.png``, and ``garg_suite.md`` tabulates every predictor's error at the last position.
+The cache knows predictors by name, not by weights: give each checkpoint its own ``output_dir``.
 
 Example::
 

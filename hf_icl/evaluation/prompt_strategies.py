@@ -39,6 +39,7 @@ Example::
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -142,7 +143,7 @@ def overlapping_prompts(
     uniform = torch.rand(batch, n_points, generator=generator, device=_draw_device(xs, generator), dtype=torch.float64)
     earlier = torch.arange(n_points, dtype=torch.float64, device=uniform.device)  # how many inputs precede i
     # floor(u · i) is uniform on 0 … i−1; the clamp guards u·i rounding up to i, and position 0 picks 0
-    picks = (uniform * earlier).floor().long().clamp(min=0).minimum((earlier.long() - 1).clamp(min=0))
+    picks = torch.minimum((uniform * earlier).floor().long(), (earlier.long() - 1).clamp(min=0))
     query = xs.gather(1, picks.to(xs.device).unsqueeze(-1).expand(batch, n_points, n_dims))
     return xs.clone(), query
 
@@ -211,9 +212,14 @@ def strategy_prompts(
     """
     check_strategy(strategy)
     check_inputs_shiftable(family)  # labels must follow the inputs we build
+    build = PROMPT_STRATEGIES[strategy]
+    try:
+        inspect.signature(build).bind(None, None, **options)
+    except TypeError as err:
+        raise ValueError(f"bad strategy_options {options!r} for strategy {strategy!r}: {err}") from None
     generator = torch.Generator().manual_seed(check_int("seed", seed, low=0))
     xs, _, params = family.sample(n_prompts, n_points, generator=generator, return_params=True)
-    context_xs, query_xs = PROMPT_STRATEGIES[strategy](xs, generator, **options)
+    context_xs, query_xs = build(xs, generator, **options)
 
     def labels(inputs: torch.Tensor) -> torch.Tensor:
         return family.observe(family.signal(inputs, params), params, generator)
