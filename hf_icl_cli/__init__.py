@@ -32,7 +32,7 @@ COMMANDS = {
     "niah": "needle-in-a-haystack: dense vs CAB policies x sparsities on a causal LM (resumable)",
     "perplexity": "long-text perplexity: dense vs CAB policies x sparsities",
     "reproduce": "reproduce a research document's experiments (hf-icl reproduce --help lists them)",
-    "bench": "run a benchmark: cab, estimators, linear-attention, samplers, sgpt (hf-icl bench NAME --help)",
+    "bench": "run a benchmark: cab, estimators, linear-attention, samplers, sgpt, startup (hf-icl bench NAME --help)",
 }
 
 

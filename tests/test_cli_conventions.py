@@ -138,3 +138,12 @@ def test_training_args_json_round_trips(tmp_path):
     args = ICLTrainingArguments(max_steps=9, run_name="r", bf16=True)
     again = ICLTrainingArguments.from_dict(json.loads(json.dumps(args.to_dict())))
     assert again == args
+
+
+def test_import_hf_icl_leaves_the_heavy_optional_libraries_unimported():
+    """What ``import hf_icl`` may cost beyond torch + transformers.modeling_utils is its own modules: plotting,
+    tables, datasets and the classical-ML libraries load when first used (``hf-icl bench startup`` times it)."""
+    heavy = ("matplotlib", "sklearn", "xgboost", "pandas", "datasets", "tensorboard")
+    code = f"import sys, hf_icl\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

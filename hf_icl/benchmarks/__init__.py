@@ -12,6 +12,7 @@ BENCHMARKS = {
     "linear-attention": "causal linear attention against SDPA: layer fwd+bwd time and memory vs T, decode per token",
     "samplers": "prompts per second of every task family's sampler",
     "sgpt": "SGPT against GPT-2 ICL: train step (same width and depth), one-pass vs per-prefix all-prefix forward",
+    "startup": "what `import hf_icl` adds to importing torch + transformers.modeling_utils; `hf-icl --help` time",
 }
 
 
