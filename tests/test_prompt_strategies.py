@@ -28,7 +28,7 @@ def gaussian_inputs(batch, n_points, n_dims, seed=0, dtype=torch.float32):
 
 def test_quadrant_context_shares_one_orthant_and_the_query_sits_in_the_opposite_one():
     xs = gaussian_inputs(500, 7, 4)
-    context, query = random_quadrants_prompts(xs, torch.Generator().manual_seed(1))
+    context, query = random_quadrants_prompts(xs, torch.Generator().manual_seed(1), query_orthant="opposite")
     assert context.shape == query.shape == xs.shape
     torch.testing.assert_close(context.abs(), xs.abs(), rtol=0, atol=0)
     torch.testing.assert_close(query.abs(), xs.abs(), rtol=0, atol=0)
@@ -113,7 +113,7 @@ def test_prompt_builders_refuse_bad_inputs_with_the_argument_named():
         orthogonal_prompts(torch.zeros(3, 4))
     with pytest.raises(ValueError, match="xs must be a float tensor"):
         overlapping_prompts(torch.zeros(2, 3, 4, dtype=torch.long))
-    with pytest.raises(ValueError, match="query_orthant must be one of \\['opposite', 'random'\\], got 'same'"):
+    with pytest.raises(ValueError, match="query_orthant must be one of \\['random', 'opposite'\\], got 'same'"):
         random_quadrants_prompts(torch.zeros(2, 3, 4), query_orthant="same")
     with pytest.raises(ValueError, match="generator must be a torch.Generator or None, got int"):
         random_quadrants_prompts(torch.zeros(2, 3, 4), 0)

@@ -8,7 +8,9 @@ prompts: :func:`score_by_position` runs each predictor once per position (on eve
 the prediction at ``i``.
 
 * ``random_quadrants`` (:func:`random_quadrants_prompts`): a random sign pattern ``s`` per prompt; context
-  inputs ``|x|·s`` all lie in the orthant ``s``, the query ``|x|·(−s)`` in the opposite one.
+  inputs ``|x|·s`` all lie in the orthant ``s``, the query is the untouched ``x`` (a random orthant), as in
+  Garg et al.'s ``build_evals``; ``query_orthant="opposite"`` puts it at ``|x|·(−s)`` instead (their
+  ``opposite_quadrants``).
 * ``orthogonal_train_test`` (:func:`orthogonal_prompts`): the query at ``i`` is ``x_i`` minus its
   projection on ``span(x_0, …, x_{i−1})``, rescaled to ``‖x_i‖``. Only ``i < d`` is scored: beyond ``d``
   the context spans everything (Garg et al. cap the prompt at ``min(N, d)`` points).
@@ -54,9 +56,9 @@ from .metrics import PositionMetric, metric_for_task
 from .ood import check_inputs_shiftable
 from .predictors import Predictor, check_predictors, check_target_kinds, resolve_n_points, score_predictor
 
-#: Where the quadrant strategy puts the query: Garg et al.'s ``opposite_quadrants`` (``−s``) or their
-#: ``random_quadrants`` code path (the untouched input, in a random orthant).
-QUERY_ORTHANTS = ("opposite", "random")
+#: Where the quadrant strategy puts the query: Garg et al.'s ``random_quadrants`` (the untouched input, in a
+#: random orthant; the default) or their ``opposite_quadrants`` (``−s``).
+QUERY_ORTHANTS = ("random", "opposite")
 
 
 def _check_inputs(xs: Any) -> None:
@@ -76,18 +78,20 @@ def _draw_device(xs: torch.Tensor, generator: torch.Generator | None) -> torch.d
 
 
 def random_quadrants_prompts(
-    xs: torch.Tensor, generator: torch.Generator | None = None, *, query_orthant: str = "opposite"
+    xs: torch.Tensor, generator: torch.Generator | None = None, *, query_orthant: str = "random"
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Context in one random orthant per prompt, queries in the opposite one.
+    """Context in one random orthant per prompt; queries left where they were drawn (or in the opposite orthant).
 
-    Each prompt draws signs ``s ∈ {−1, +1}^d`` (uniform, independent); context inputs are ``|x|·s`` and the
-    query at position ``i`` is ``|x_i|·(−s)`` (absolute values kept, every sign flipped).
-    ``query_orthant="random"`` leaves the queries as the original ``x`` instead (in a random orthant), the
-    variant Garg et al.'s code runs under the name ``random_quadrants``.
+    Each prompt draws signs ``s ∈ {−1, +1}^d`` (uniform, independent); context inputs are ``|x|·s``. The query
+    at position ``i`` is the original ``x_i`` (``query_orthant="random"``, what Garg et al.'s code runs under
+    the name ``random_quadrants``), or ``|x_i|·(−s)`` (``"opposite"``: their ``opposite_quadrants``).
 
     >>> xs = torch.tensor([[[1.0, -2.0], [-3.0, 4.0]]])
     >>> context, query = random_quadrants_prompts(xs, torch.Generator().manual_seed(0))
-    >>> bool((context.abs() == xs.abs()).all() and (query == -context).all())
+    >>> bool((context.abs() == xs.abs()).all() and (query == xs).all())
+    True
+    >>> context, query = random_quadrants_prompts(xs, torch.Generator().manual_seed(0), query_orthant="opposite")
+    >>> bool((query == -context).all())
     True
     """
     _check_inputs(xs)
