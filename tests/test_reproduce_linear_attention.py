@@ -182,7 +182,7 @@ def test_the_ensemble_follows_the_package_trainer_on_one_seed(tmp_path, model_ty
         model_overrides=json.dumps(TINY),
         attn_implementation=attn,
         max_steps=steps,
-        batch_size=batch,
+        per_device_train_batch_size=batch,
         learning_rate=lr,
         max_grad_norm=5.0,
         seed=seed,

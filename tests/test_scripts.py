@@ -83,7 +83,7 @@ def test_bench_lists_the_benchmarks_and_rejects_unknown_names(capsys):
     assert all(f"  {name} " in listing for name in BENCHMARKS)
     assert main(["bench", "nope"]) == 2
     assert (
-        "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'linear-attention', 'samplers', 'sgpt']"
+        "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'linear-attention', 'samplers', 'sgpt', 'startup']"
         in capsys.readouterr().err
     )
 
@@ -203,3 +203,13 @@ def test_perplexity_by_position_groups_tokens_by_block_offset_and_position():
     }
     for name, chosen in by_hand.items():
         assert groups[name] == pytest.approx(math.exp(sum(p / 10 for p in chosen) / len(chosen)))
+
+
+def test_bench_startup_times_every_case_in_fresh_interpreters(capsys):
+    from hf_icl.benchmarks.startup import CASES
+
+    report = main(["bench", "startup", "--repeats", "1"]) == 0 and capsys.readouterr().out
+    for case in CASES:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {case} |"))
+        assert float(row.split("|")[2]) > 0
+    assert "`import hf_icl` adds" in report and "`hf-icl --help` takes" in report
