@@ -80,6 +80,7 @@ def write_model_card(
     datasets: list[str] | None = None,
     training_command: str | None = None,
     model_id: str | None = None,
+    notes: str | None = None,
 ) -> Path:
     """Write ``output_dir/README.md``, a Hub model card for the model saved in ``output_dir``.
 
@@ -98,6 +99,8 @@ def write_model_card(
             ``training_config``).
         training_command: the command that trained the model (default: rebuilt from ``training_config``).
         model_id: what the usage snippet loads (default: ``output_dir`` as given).
+        notes: markdown shown as a "Notes" section after the training command (e.g. the hardware, the wall
+            time, why the run is small).
 
     Returns:
         The path of the card.
@@ -110,6 +113,8 @@ def write_model_card(
         )
     if plot_file is not None and Path(plot_file).is_absolute():
         raise ValueError(f"plot_file must be a path relative to output_dir, got the absolute path {plot_file!r}")
+    if notes is not None and not (isinstance(notes, str) and notes.strip()):
+        raise ValueError(f"notes must be a non-empty markdown string or None, got {notes!r}")
     task = _task_family(training_config)
     results = [] if eval_results is None else check_eval_results(eval_results)
     model_id = str(output_dir) if model_id is None else model_id
@@ -132,6 +137,7 @@ def write_model_card(
         "## Training\n\n"
         f"```bash\n{training_command or reconstruct_training_command(training_config)}\n```\n\n"
         f"### Training configuration\n\n```yaml\n{_yaml(training_config)}```",
+        f"## Notes\n\n{notes.strip()}" if notes else "",
         "## Limitations\n\n"
         f"Trained and evaluated on synthetic in-context-learning tasks only (`{task.name}` prompts with "
         f"{training_config['n_dims']}-dimensional inputs): it is a research model of in-context learning, "

@@ -1,0 +1,303 @@
+"""Train the model zoo: one checkpoint per ICL architecture of hf_icl, each shipped as ``models/<name>``.
+
+Each recipe is a dict of :class:`~hf_icl.training.ICLTrainingArguments` fields. The trainer writes into
+``--work-dir/<name>`` (checkpoints included); only the files a user needs are copied into ``--output/<name>``:
+the weights, the config, the model card (rewritten with this script's command, the hardware and the wall time),
+the training arguments, ``metrics.json`` and the context-scaling curve and plot.
+
+The recipes are CPU sizes (a few minutes each on a 2-core VM); ``--steps-scale`` multiplies every step count for
+a longer run on a GPU.
+
+Usage::
+
+    python scripts/train_model_zoo.py                                  # all five into models/
+    python scripts/train_model_zoo.py --only sgpt-linear-regression     # one of them
+    python scripts/train_model_zoo.py --device cuda --steps-scale 10   # a GPU run, ten times the steps
+
+Example (the recipes as training arguments)::
+
+    >>> args = training_arguments("sgpt-linear-regression", "outputs/zoo-work", eval_prompts=256)
+    >>> args.model_type, args.n_dims, args.n_points
+    ('sgpt', 5, 21)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from datetime import date
+from pathlib import Path
+
+#: the linear-regression task of the three regression models: d = 5, 21 points (least squares is exact from 5 on)
+LINEAR_REGRESSION = {"task": "linear_regression", "n_dims": 5, "n_points": 21}
+#: GPT-2-style models read concatenated [x, y] rows (one token per example; a query row [x_i, 0] predicts y_i):
+#: on a CPU budget this layout trains far better than Garg's interleaved tokens (docs/results/reliability.md);
+#: gelu_pytorch_tanh is gelu_new's function in one kernel
+CONCATENATED = {"prompt_format": "concatenated", "activation_function": "gelu_pytorch_tanh", "io_init": "gpt2"}
+#: the optimisation shared by the recipes (the quickstart's, hf_icl/quickstart.py); each recipe may override it
+SCHEDULE = {"lr_scheduler_type": "cosine", "warmup_steps": 200, "max_grad_norm": 1.0}
+
+RECIPES: dict[str, dict] = {
+    # Garg et al.'s GPT-2 baseline at the tiny preset (64 wide, 3 layers, 2 heads)
+    "gpt2-icl-linear-regression": {
+        **LINEAR_REGRESSION,
+        "model_type": "gpt2_icl",
+        "model_size": "tiny",
+        "model_overrides": CONCATENATED,
+        "max_steps": 5000,
+        "per_device_train_batch_size": 128,
+        "learning_rate": 3e-3,
+    },
+    # SGPT: identity Q/K/V, l1-normalised attention, a fixed random read-in (tiny: 64 wide, 3 layers)
+    "sgpt-linear-regression": {
+        **LINEAR_REGRESSION,
+        "model_type": "sgpt",
+        "model_size": "tiny",
+        "max_steps": 6000,
+        "per_device_train_batch_size": 128,
+        "learning_rate": 1e-3,
+    },
+    # GPT-2 with causal linear attention (φ = ReLU², the parallel form: 21 tokens make it the cheapest mode)
+    "linear-gpt-linear-regression": {
+        **LINEAR_REGRESSION,
+        "model_type": "linear_gpt",
+        "model_size": "tiny",
+        "model_overrides": {**CONCATENATED, "linear_attention_mode": "parallel"},
+        "max_steps": 5000,
+        "per_device_train_batch_size": 128,
+        "learning_rate": 3e-3,
+    },
+    # the kernel-regression document's single learned head (softmax row kernel, d_model 64) on its sinusoids
+    "kernel-icl-sinusoid": {
+        "task": "sinusoid",
+        "n_dims": 1,
+        "n_points": 41,
+        "model_type": "kernel_icl",
+        "model_size": "standard",
+        "max_steps": 6000,
+        "per_device_train_batch_size": 64,
+        "learning_rate": 1e-3,
+    },
+    # the functional-GD transformer trained from scratch on 5-class linear-softmax labels in 5 dimensions
+    "gd-transformer-categorical": {
+        "task": "categorical",
+        "task_params": {"n_classes": 5, "function": "linear"},
+        "n_dims": 5,
+        "n_points": 41,
+        "model_type": "gd_transformer",
+        "model_size": "small",
+        "model_overrides": {"n_blocks": 2, "kernel": "softmax", "normalize_by_count": True},
+        "max_steps": 5000,
+        "per_device_train_batch_size": 64,
+        "learning_rate": 1e-3,
+    },
+}
+#: what a user of a zoo model needs; the trainer's checkpoints/ and tracker logs stay in the work dir
+SHIPPED_FILES = (
+    "config.json",
+    "model.safetensors",
+    "README.md",
+    "training_args.json",
+    "metrics.json",
+    "context_scaling.png",
+    "context_scaling.csv",
+)
+DEFAULT_OUTPUT = "models"
+DEFAULT_WORK_DIR = "outputs/zoo-work"
+DEFAULT_EVAL_PROMPTS = 4096
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def training_arguments(name: str, work_dir: str | Path, *, steps_scale: float = 1.0, eval_prompts: int = 4096):
+    """The :class:`~hf_icl.training.ICLTrainingArguments` of recipe ``name``, training into ``work_dir/name``.
+
+    ``steps_scale`` multiplies the training and warm-up steps (at least one step each)."""
+    from hf_icl.training import ICLTrainingArguments
+
+    if name not in RECIPES:
+        raise ValueError(f"name must be one of the zoo's models {sorted(RECIPES)}, got {name!r}")
+    if not (isinstance(steps_scale, (int, float)) and math.isfinite(steps_scale) and steps_scale > 0):
+        raise ValueError(f"steps_scale must be a finite number > 0, got {steps_scale!r}")
+    recipe = {**SCHEDULE, **RECIPES[name]}
+    steps = max(1, round(recipe["max_steps"] * steps_scale))
+    values = {
+        **recipe,
+        "task_params": json.dumps(recipe.get("task_params", {})),
+        "model_overrides": json.dumps(recipe.get("model_overrides", {})),
+        "max_steps": steps,
+        "warmup_steps": min(max(1, round(recipe["warmup_steps"] * steps_scale)), steps // 10),
+        "eval_steps": 0,  # evaluate once, at the end (on the card's prompts)
+        "save_steps": 0,  # one checkpoint, at the end
+        "logging_steps": max(1, steps // 25),
+        "eval_prompts": eval_prompts,
+        "seed": 0,
+        "report_to": "none",
+        "run_name": name,
+        "output_dir": str(Path(work_dir) / name),
+        "overwrite_output_dir": True,
+    }
+    return ICLTrainingArguments(**values)
+
+
+def script_command(name: str, options: argparse.Namespace) -> str:
+    """The command that retrains model ``name`` as ``options`` did (the work and output dirs aside)."""
+    parts = ["python", "scripts/train_model_zoo.py", "--only", name]
+    if options.device != "auto":
+        parts += ["--device", options.device]
+    if options.steps_scale != 1.0:
+        parts += ["--steps-scale", f"{options.steps_scale:g}"]
+    if options.eval_prompts != DEFAULT_EVAL_PROMPTS:
+        parts += ["--eval-prompts", str(options.eval_prompts)]
+    return shlex.join(parts)
+
+
+def hardware_description(device) -> str:
+    """The processor (or GPU), the threads torch used, and the torch / transformers versions."""
+    import torch
+    import transformers
+
+    if device.type == "cuda":
+        where = f"GPU {torch.cuda.get_device_name(device)}"
+    else:
+        where = f"CPU {_cpu_model()} ({os.cpu_count()} cores, {torch.get_num_threads()} torch threads), no GPU"
+    return f"{where}; torch {torch.__version__}, transformers {transformers.__version__}, {platform.system()}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def run_notes(args, device, seconds: float, command: str) -> str:
+    """The card's "Notes": size, hardware, wall time and the equivalent ``hf-icl train`` command."""
+    from hf_icl.training.model_card import reconstruct_training_command
+
+    prompts = args.max_steps * args.per_device_train_batch_size
+    if device.type == "cpu":
+        size = (
+            "**CPU size.** No GPU was available: this checkpoint was trained on a CPU at a size that takes minutes "
+            f"({args.max_steps:,} steps × {args.per_device_train_batch_size} prompts = {prompts:,} fresh prompts), "
+            "far below the papers' budgets. Retrain longer on a GPU with "
+            f"`{command} --device cuda --steps-scale 10`."
+        )
+    else:
+        size = f"Trained on a GPU: {args.max_steps:,} steps × {args.per_device_train_batch_size} prompts."
+    return (
+        f"{size}\n\n"
+        f"- hardware: {hardware_description(device)}\n"
+        f"- wall time of training: {seconds / 60:.1f} min ({seconds:.0f} s), final evaluation included\n"
+        f"- date: {date.today().isoformat()}\n"
+        f"- evaluation: {args.eval_prompts} fresh prompts (fresh tasks) drawn with seed {args.seed} + 7919, "
+        "5-95 % bootstrap bands over prompts\n\n"
+        f"The same run with the package's CLI:\n\n```bash\n{reconstruct_training_command(_cli_config(args))}\n```"
+    )
+
+
+def _cli_config(args) -> dict:
+    """The training arguments without this script's bookkeeping (where the run was written)."""
+    return {k: v for k, v in args.to_dict().items() if k not in ("output_dir", "run_name")}
+
+
+def rewrite_card(folder: Path, args, result, *, command: str, notes: str, model_id: str) -> None:
+    """The trainer's card again, with this script's command, the run's notes and the shipped folder as model id."""
+    from hf_icl.training.model_card import eval_results_from_context_scaling, write_model_card
+    from hf_icl.training.trainer import PLOT_FILE
+
+    scaling = result.context_scaling
+    table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
+    write_model_card(
+        folder,
+        args.to_dict(),
+        result.final_metrics,
+        plot_file=PLOT_FILE,
+        results_table=table,
+        eval_results=eval_results_from_context_scaling(scaling, args.model_type),
+        training_command=command,
+        model_id=model_id,
+        notes=notes,
+    )
+
+
+def train_one(name: str, options: argparse.Namespace) -> dict:
+    """Train recipe ``name``, ship it into ``options.output/name``; returns a summary line's numbers."""
+    from hf_icl.training import train
+
+    args = training_arguments(
+        name, options.work_dir, steps_scale=options.steps_scale, eval_prompts=options.eval_prompts
+    )
+    print(f"== {name}: {args.model_type} on {args.task}, {args.max_steps} steps", file=sys.stderr, flush=True)
+    start = time.perf_counter()
+    result = train(args)
+    seconds = time.perf_counter() - start
+    device = next(result.model.parameters()).device
+    command = script_command(name, options)
+    work, shipped = Path(args.output_dir), Path(options.output) / name
+    notes = run_notes(args, device, seconds, command)
+    rewrite_card(work, args, result, command=command, notes=notes, model_id=str(shipped))
+    if shipped.exists():
+        shutil.rmtree(shipped)
+    shipped.mkdir(parents=True)
+    for file in SHIPPED_FILES:
+        shutil.copy2(work / file, shipped / file)
+    scaling = result.context_scaling
+    last = scaling.n_points - 1
+    summary = {
+        "name": name,
+        "seconds": round(seconds, 1),
+        "metric": scaling.metric.name,
+        "last": {curve: float(values[last]) for curve, values in scaling.values.items()},
+        "megabytes": sum(f.stat().st_size for f in shipped.iterdir()) / 2**20,
+    }
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def select_device(device: str) -> None:
+    """Make the trainer (Accelerate) use ``device``: ``cpu`` forces the CPU, ``cuda`` requires a GPU."""
+    import torch
+
+    if device == "cpu":
+        os.environ["ACCELERATE_USE_CPU"] = "1"
+    elif device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' but torch sees no GPU here; pass --device cpu or auto")
+
+
+def parse_options(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", choices=sorted(RECIPES), action="append", help="train only this model (repeatable)")
+    parser.add_argument("--output", default=DEFAULT_OUTPUT, help="where the shipped folders go (default: models)")
+    parser.add_argument("--work-dir", default=DEFAULT_WORK_DIR, help="where the trainer writes (checkpoints, logs)")
+    parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: a GPU if there is one")
+    parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply every recipe's steps (GPU runs)")
+    parser.add_argument(
+        "--eval-prompts", type=int, default=DEFAULT_EVAL_PROMPTS, help="fresh prompts of the card's evaluation"
+    )
+    options = parser.parse_args(argv)
+    if not (math.isfinite(options.steps_scale) and options.steps_scale > 0):
+        parser.error(f"--steps-scale must be a finite number > 0, got {options.steps_scale}")
+    if options.eval_prompts < 1:
+        parser.error(f"--eval-prompts must be at least 1, got {options.eval_prompts}")
+    return options
+
+
+def main(argv=None) -> None:
+    options = parse_options(argv)
+    select_device(options.device)
+    for name in options.only or RECIPES:
+        train_one(name, options)
+
+
+if __name__ == "__main__":
+    main()
