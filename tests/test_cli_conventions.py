@@ -147,3 +147,13 @@ def test_import_hf_icl_leaves_the_heavy_optional_libraries_unimported():
     code = f"import sys, hf_icl\nprint(sorted(m for m in {heavy!r} if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_examples_in_the_new_modules_run():
+    import doctest
+
+    import hf_icl.data.saved_prompts
+    import hf_icl.options
+
+    for module in (hf_icl.options, hf_icl.data.saved_prompts):
+        assert doctest.testmod(module, raise_on_error=True).attempted > 0
