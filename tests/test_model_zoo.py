@@ -1,0 +1,293 @@
+"""The model zoo (models/*, written by scripts/train_model_zoo.py): every shipped checkpoint is small, has a complete
+Hub card, loads with ``AutoModel`` and, on fresh prompts, still scores what its card states at the last position."""
+
+import importlib.util
+import json
+import os
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import ModelCard
+from safetensors.torch import load_file
+from transformers import AutoModel
+
+import hf_icl  # noqa: F401  (registers hf_icl's architectures with the Auto classes)
+from hf_icl.data.tasks import get_task
+from hf_icl.evaluation import evaluate_context_scaling
+from hf_icl.training.model_card import read_card_results, write_model_card
+from hf_icl.training.trainer import EVAL_SEED_OFFSET
+
+MODELS = Path(__file__).resolve().parent.parent / "models"
+SCRIPT = MODELS.parent / "scripts" / "train_model_zoo.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("train_model_zoo", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+zoo_script = load_script()
+#: the zoo: one checkpoint per architecture (the NIAH retriever is a language model with its own test)
+ZOO = {name: recipe["model_type"] for name, recipe in zoo_script.RECIPES.items()}
+NOT_IN_ZOO = {"niah-retriever"}
+SHIPPED_FILES = set(zoo_script.SHIPPED_FILES)
+MAX_BYTES = 20 * 2**20
+#: the seed of the fresh prompts; each card was evaluated with its training seed + EVAL_SEED_OFFSET (checked apart)
+FRESH_SEED = 424_242
+
+
+def zoo_folders() -> list[Path]:
+    return sorted(p for p in MODELS.iterdir() if p.is_dir() and p.name not in NOT_IN_ZOO)
+
+
+@cache
+def load(name: str):
+    return AutoModel.from_pretrained(MODELS / name).eval()
+
+
+@cache
+def training_args(name: str) -> dict:
+    return json.loads((MODELS / name / "training_args.json").read_text())
+
+
+def fresh_task(name: str):
+    """The task family the model was trained on, with fresh tasks from the prior (no finite pool)."""
+    args = training_args(name)
+    return get_task(args["task"], n_dims=args["n_dims"], n_tasks=None, **json.loads(args["task_params"]))
+
+
+def last_position_claim(name: str) -> dict:
+    """The card's result with the most in-context examples: value and 90 % band."""
+    return max(read_card_results(MODELS / name), key=lambda r: r["n_examples"])
+
+
+def test_the_zoo_holds_one_model_per_architecture():
+    # the five architectures of the research documents (mlp_icl and the one-layer feature maps are the SGPT
+    # study's baselines and probes, not architectures of their own)
+    assert sorted(ZOO.values()) == sorted(["gpt2_icl", "sgpt", "linear_gpt", "kernel_icl", "gd_transformer"])
+    assert [p.name for p in zoo_folders()] == sorted(ZOO)
+    for name, model_type in ZOO.items():
+        assert json.loads((MODELS / name / "config.json").read_text())["model_type"] == model_type
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_folder_is_small_and_holds_only_the_shipped_files(name):
+    folder = MODELS / name
+    assert {p.name for p in folder.iterdir()} == SHIPPED_FILES  # no checkpoints/, optimizer state or logs
+    assert sum(p.stat().st_size for p in folder.iterdir()) <= MAX_BYTES
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_card_metadata_and_sections(name):
+    card = ModelCard.load(MODELS / name / "README.md")
+    data = card.data.to_dict()
+    assert data["license"] == "apache-2.0" and data["library_name"] == "hf_icl"
+    assert "in-context-learning" in data["tags"] and ZOO[name] in data["tags"]
+    assert data["model-index"][0]["results"], "the model-index lists no results"
+    args = training_args(name)
+    claim = last_position_claim(name)
+    assert claim["n_examples"] == args["n_points"] - 1 and claim["task"] == args["task"]
+    assert claim["lower"] <= claim["value"] <= claim["upper"]
+    text = card.content
+    # the script's command, the CPU-size statement, where the snippet loads from
+    assert f"python scripts/train_model_zoo.py --only {name}" in text
+    assert "## Notes" in text and "**CPU size.**" in text and "wall time of training" in text
+    assert f'model_id = "models/{name}"' in text
+    # the card's band is the trainer's evaluation of eval_prompts fresh prompts, as metrics.json records
+    standard = json.loads((MODELS / name / "metrics.json").read_text())["evaluations"]["standard"]
+    assert standard["n_prompts"] == args["eval_prompts"] and standard["seed"] == args["seed"] + EVAL_SEED_OFFSET
+
+
+def direct_last_position_score(
+    model, task, n_prompts: int, n_points: int, normalizer: float | None, seed: int = FRESH_SEED
+) -> float:
+    """The last position's mean score on the fresh prompts, written out without hf_icl's evaluation code:
+    squared error / normalizer, or top-1 accuracy of the logits."""
+    xs, ys = task.sample(n_prompts, n_points, seed=seed)
+    with torch.no_grad():
+        out = model(xs, ys)
+    if normalizer is None:
+        return (out.logits[:, -1].argmax(-1) == ys[:, -1]).double().mean().item()
+    return ((out.predictions[:, -1].double() - ys[:, -1].double()) ** 2 / normalizer).mean().item()
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_fresh_prompts_reproduce_the_cards_last_position_score(name):
+    model, args, task = load(name), training_args(name), fresh_task(name)
+    claim = last_position_claim(name)
+    assert FRESH_SEED != args["seed"] + EVAL_SEED_OFFSET  # prompts the card's evaluation did not see
+    n_prompts, n_points = args["eval_prompts"], args["n_points"]
+    fresh = evaluate_context_scaling({"model": model}, task, n_prompts=n_prompts, seed=FRESH_SEED, n_points=n_points)
+    mean = float(fresh.values["model"][-1])
+    fresh_half_band = (float(fresh.upper["model"][-1]) - float(fresh.lower["model"][-1])) / 2
+
+    normalizer = {"squared_error/d": args["n_dims"], "squared_error/1": 1.0, "accuracy": None}[claim["metric"]]
+    assert mean == pytest.approx(direct_last_position_score(model, task, n_prompts, n_points, normalizer), rel=1e-9)
+    # The card and this test estimate one mean from two independent sets of prompts. Their 90 % intervals overlap
+    # exactly when the fresh mean lies in the card's band widened by the fresh estimate's own half-band.
+    assert claim["lower"] - fresh_half_band <= mean <= claim["upper"] + fresh_half_band, (mean, claim)
+    # a sanity bound on top: within the card's band ± 10 % of its value
+    slack = 0.1 * abs(claim["value"])
+    assert claim["lower"] - slack <= mean <= claim["upper"] + slack, (mean, claim)
+
+    trivial = float(fresh.trivial[-1])
+    if normalizer is None:  # accuracy: at least twice the chance rate
+        assert mean >= 2 * trivial, (mean, trivial)
+    else:  # squared error: at most a fifth of predicting 0 (the sinusoids' label noise alone costs 0.04 of ~0.9)
+        assert mean <= 0.2 * trivial, (mean, trivial)
+
+
+@pytest.mark.parametrize("name", [n for n in sorted(ZOO) if n.endswith("linear-regression")])
+def test_linear_regression_models_beat_averaging_and_approach_least_squares(name):
+    """With 20 examples in 5 dimensions least squares is exact (0); the averaging estimator (w ≈ mean of y_i x_i)
+    is not: a model that learned in-context regression is far below it."""
+    model, args = load(name), training_args(name)
+    xs, ys = fresh_task(name).sample(2048, args["n_points"], seed=FRESH_SEED + 1)
+    with torch.no_grad():
+        model_error = ((model(xs, ys).predictions[:, -1] - ys[:, -1]) ** 2).mean().item() / args["n_dims"]
+    w_avg = (xs[:, :-1] * ys[:, :-1, None]).mean(dim=1)  # averaging, written out
+    averaging_error = (((xs[:, -1] * w_avg).sum(-1) - ys[:, -1]) ** 2).mean().item() / args["n_dims"]
+    assert averaging_error > 0.25
+    assert model_error < 0.25 * averaging_error, (model_error, averaging_error)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_shipped_weights_round_trip_bit_exactly(name, tmp_path):
+    model = load(name)
+    shipped = load_file(MODELS / name / "model.safetensors")
+    state = model.state_dict()
+    assert set(shipped) <= set(state)
+    for key, tensor in shipped.items():
+        assert torch.equal(state[key], tensor), key
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModel.from_pretrained(tmp_path).eval()
+    for key, tensor in state.items():
+        assert torch.equal(reloaded.state_dict()[key], tensor), key
+    args = training_args(name)
+    xs, ys = fresh_task(name).sample(64, args["n_points"], seed=FRESH_SEED + 2)
+    with torch.no_grad():
+        assert torch.equal(model(xs, ys).loss, reloaded(xs, ys).loss)
+
+
+def test_zoo_readme_lists_every_model():
+    table = (MODELS / "README.md").read_text()
+    for name in ZOO:
+        assert f"[`{name}`]({name}/)" in table
+
+
+def test_write_model_card_refuses_empty_notes(tmp_path):
+    folder = MODELS / "sgpt-linear-regression"
+    for file in ("config.json", "model.safetensors"):
+        (tmp_path / file).write_bytes((folder / file).read_bytes())
+    with pytest.raises(ValueError, match="notes must be a non-empty markdown string"):
+        write_model_card(tmp_path, training_args("sgpt-linear-regression"), notes="  ")
+
+
+def python_blocks(markdown: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
+
+
+def run_snippet(code: str, workdir: Path) -> dict:
+    """Run a documentation snippet as written, from ``workdir``, with ``models/`` pointing at the shipped zoo."""
+    code = code.replace('"models/', f'"{MODELS.as_posix()}/')
+    namespace: dict = {"__name__": "__snippet__"}
+    cwd = os.getcwd()
+    os.chdir(workdir)
+    try:
+        exec(compile(code, "<snippet>", "exec"), namespace)
+    finally:
+        os.chdir(cwd)
+    return namespace
+
+
+def test_readme_first_screen_loads_a_zoo_model_and_plots_it_against_least_squares(tmp_path, capsys):
+    readme = (MODELS.parent / "README.md").read_text(encoding="utf-8")
+    first_section = readme.split("\n## ")[1]
+    assert first_section.startswith("A trained model against least squares")
+    (code,) = python_blocks(first_section)
+    namespace = run_snippet(code, tmp_path)
+    assert (tmp_path / "gpt2_vs_least_squares.png").stat().st_size > 10_000
+    result = namespace["result"]
+    assert set(result.values) >= {"gpt2_icl", "least_squares"}
+    # least squares is exact once the prompt holds d examples; the model is scored on the same prompts
+    assert float(result.values["least_squares"][-1]) < 1e-6
+    model, n_dims = namespace["model"], namespace["model"].config.n_dims
+    direct = direct_last_position_score(model, namespace["task"], 1000, model.config.n_points, n_dims, seed=0)
+    assert float(result.values["gpt2_icl"][-1]) == pytest.approx(direct, rel=1e-6)
+    printed = capsys.readouterr().out
+    assert "gpt2_icl" in printed and "least_squares" in printed
+
+
+def test_zoo_readme_snippet_runs(tmp_path):
+    (code,) = python_blocks((MODELS / "README.md").read_text(encoding="utf-8"))
+    namespace = run_snippet(code, tmp_path)
+    xs, ys, predictions = namespace["xs"], namespace["ys"], namespace["predictions"]
+    assert predictions.shape == ys.shape == (8, 21)
+    # the snippet's predictions are the model's on a per-prefix loop (position i sees pairs j < i only)
+    model = namespace["model"]
+    with torch.no_grad():
+        for i in (0, 5, 20):
+            alone = model(xs[:, : i + 1], ys[:, : i + 1]).predictions[:, i]
+            torch.testing.assert_close(predictions[:, i], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(ZOO))
+def test_card_usage_snippet_runs_as_written(name, tmp_path, capsys):
+    card = (MODELS / name / "README.md").read_text(encoding="utf-8")
+    usage = card.split("## Usage", 1)[1]
+    code = python_blocks(usage)[0]
+    namespace = run_snippet(code, tmp_path)
+    printed = capsys.readouterr().out.strip().splitlines()[-1]
+    model_score = namespace["model_score"]
+    assert f"model {model_score:.4f}" in printed
+    # the snippet's number, written out without hf_icl's metric code
+    args = training_args(name)
+    xs, ys = namespace["xs"], namespace["ys"]
+    with torch.no_grad():
+        out = namespace["model"](xs, ys)
+    if args["task"] == "categorical":
+        expected = (out.logits[:, -1].argmax(-1) == ys[:, -1]).double().mean().item()
+    else:
+        normalizer = 1.0 if args["task"] == "sinusoid" else args["n_dims"]
+        expected = ((out.predictions[:, -1].double() - ys[:, -1].double()) ** 2).mean().item() / normalizer
+    assert model_score == pytest.approx(expected, rel=1e-5, abs=1e-7)
+
+
+def test_the_script_trains_ships_and_indexes_a_model(tmp_path, capsys, monkeypatch):
+    """A few steps of one recipe through the script: the shipped folder holds only the shipped files, its card
+    names the script's command and the CPU size, and the index lists it; --index-only rebuilds the index alone."""
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # what --device cpu sets; undone after the test
+    output, work = tmp_path / "zoo", tmp_path / "work"
+    argv = ["--only", "kernel-icl-sinusoid", "--steps-scale", "0.002", "--eval-prompts", "64", "--device", "cpu"]
+    zoo_script.main([*argv, "--output", str(output), "--work-dir", str(work)])
+    folder = output / "kernel-icl-sinusoid"
+    assert {p.name for p in folder.iterdir()} == SHIPPED_FILES
+    assert (work / "kernel-icl-sinusoid" / "checkpoints").is_dir()  # checkpoints stay in the work dir
+    args = json.loads((folder / "training_args.json").read_text())
+    assert args["max_steps"] == 12 and args["eval_prompts"] == 64  # 6000 × 0.002
+    card = (folder / "README.md").read_text()
+    command = "python scripts/train_model_zoo.py --only kernel-icl-sinusoid --device cpu --steps-scale 0.002"
+    assert command + " --eval-prompts 64" in card and "**CPU size.**" in card
+    assert f'model_id = "{folder}"' in card
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    claim = max(read_card_results(folder), key=lambda r: r["n_examples"])
+    assert summary["last"]["kernel_icl"] == pytest.approx(claim["value"])
+    index = (output / "README.md").read_text()
+    assert "[`kernel-icl-sinusoid`](kernel-icl-sinusoid/)" in index and "12 steps × 64" in index
+    (output / "README.md").unlink()
+    zoo_script.main(["--index-only", "--output", str(output)])
+    assert (output / "README.md").read_text() == index
+
+
+def test_the_script_refuses_bad_recipes_and_scales(tmp_path):
+    with pytest.raises(ValueError, match="name must be one of the zoo's models"):
+        zoo_script.training_arguments("gpt3", tmp_path)
+    with pytest.raises(ValueError, match=r"steps_scale must be a finite number > 0, got 0"):
+        zoo_script.training_arguments("sgpt-linear-regression", tmp_path, steps_scale=0)
+    with pytest.raises(ValueError, match="holds none of the zoo's models"):
+        zoo_script.write_zoo_readme(tmp_path)
