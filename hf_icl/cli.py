@@ -782,7 +782,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("folder", help="a folder written by hf-icl train (save_pretrained weights, config, card)")
     push.add_argument("repo_id", help="the Hub model repo, 'user/name' (created if missing)")
     push.add_argument("--private", action="store_true", help="create the repo private")
-    push.add_argument("--commit-message", default=None, help="(default: 'Upload MODEL_TYPE trained with hf_icl')")
+    push.add_argument(
+        "--commit-message", default=None, help="the Hub commit's message; None: 'Upload MODEL_TYPE trained with hf_icl'"
+    )
     push.set_defaults(run=run_push)
 
     quick = commands.add_parser("compare", help=COMMANDS["compare"], formatter_class=_formatter)

@@ -198,14 +198,46 @@ def run_notes(name: str, args, device, seconds: float) -> str:
         )
     else:
         size = f"Trained on a GPU: {args.max_steps:,} steps × {args.per_device_train_batch_size} prompts."
+    references = f"{categorical_references(args)}\n\n" if args.task == "categorical" else ""
     return (
-        f"{size}\n\n"
+        f"{size}\n\n{references}"
         f"- hardware: {hardware_description(device)}\n"
         f"- wall time of training: {seconds / 60:.1f} min ({seconds:.0f} s), final evaluation included\n"
         f"- date: {date.today().isoformat()}\n"
         f"- evaluation: {args.eval_prompts} fresh prompts (fresh tasks) drawn with seed {args.seed} + 7919, "
         "5-95 % bootstrap bands over prompts\n\n"
         f"The same run with the package's CLI:\n\n```bash\n{reconstruct_training_command(_cli_config(args))}\n```"
+    )
+
+
+def categorical_references(args) -> str:
+    """For a categorical task, two references at the last position on the card's own evaluation prompts (the
+    trainer's seed): a scikit-learn logistic regression fitted on each prompt's context pairs alone, and the Bayes
+    classifier that knows the task's true weights (the ceiling: labels are drawn from a softmax, so it errs too)."""
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+
+    from hf_icl.data.tasks import get_task
+    from hf_icl.training.trainer import EVAL_SEED_OFFSET
+
+    task = get_task(args.task, n_dims=args.n_dims, **json.loads(args.task_params))
+    xs, ys, params = task.sample(
+        args.eval_prompts, args.n_points, seed=args.seed + EVAL_SEED_OFFSET, return_params=True
+    )
+    bayes = (params["signal"][:, -1].argmax(-1) == ys[:, -1]).double().mean().item()
+    hits = []
+    for x, y in zip(xs.double().numpy(), ys.numpy(), strict=True):
+        if len(set(y[:-1])) < 2:  # one class seen: predict it
+            hits.append(y[0] == y[-1])
+            continue
+        probe = LogisticRegression(max_iter=1000).fit(x[:-1], y[:-1])
+        hits.append(probe.predict(x[-1:])[0] == y[-1])
+    logistic = float(np.mean(hits))
+    examples = args.n_points - 1
+    return (
+        f"References on the same {args.eval_prompts} evaluation prompts, accuracy with {examples} examples: "
+        f"logistic regression fitted on each prompt's {examples} pairs (scikit-learn, L2, C = 1) {logistic:.3f}; "
+        f"the Bayes classifier with the task's true weights (the ceiling) {bayes:.3f}; chance {1 / task.n_classes:.3f}."
     )
 
 

@@ -7,6 +7,7 @@ import os
 import re
 from functools import cache
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -98,6 +99,9 @@ def test_card_metadata_and_sections(name):
     assert f"python scripts/train_model_zoo.py --only {name}" in text
     assert "## Notes" in text and "**CPU size.**" in text and "wall time of training" in text
     assert f'model_id = "models/{name}"' in text
+    if args["task"] == "categorical":  # the references on the same prompts: the model sits between chance and Bayes
+        bayes = float(re.search(r"the ceiling\) ([0-9.]+)", text).group(1))
+        assert 1 / json.loads(args["task_params"])["n_classes"] < claim["value"] <= claim["upper"] <= bayes
     # the card's band is the trainer's evaluation of eval_prompts fresh prompts, as metrics.json records
     standard = json.loads((MODELS / name / "metrics.json").read_text())["evaluations"]["standard"]
     assert standard["n_prompts"] == args["eval_prompts"] and standard["seed"] == args["seed"] + EVAL_SEED_OFFSET
@@ -291,3 +295,29 @@ def test_the_script_refuses_bad_recipes_and_scales(tmp_path):
         zoo_script.training_arguments("sgpt-linear-regression", tmp_path, steps_scale=0)
     with pytest.raises(ValueError, match="holds none of the zoo's models"):
         zoo_script.write_zoo_readme(tmp_path)
+
+
+def reference_accuracies(logit_scale: float, n_points: int = 61) -> tuple[float, float]:
+    args = SimpleNamespace(
+        task="categorical",
+        task_params=json.dumps({"n_classes": 3, "function": "linear", "logit_scale": logit_scale}),
+        n_dims=2,
+        n_points=n_points,
+        eval_prompts=300,
+        seed=0,
+    )
+    text = zoo_script.categorical_references(args)
+    logistic = float(re.search(r"L2, C = 1\) ([0-9.]+)", text).group(1))
+    bayes = float(re.search(r"the ceiling\) ([0-9.]+)", text).group(1))
+    assert f"chance {1 / 3:.3f}" in text and f"accuracy with {n_points - 1} examples" in text
+    return logistic, bayes
+
+
+def test_categorical_references_follow_the_label_noise():
+    # labels drawn from softmax(0): coin flips; neither reference can beat chance by much (300 prompts: sd 0.027)
+    logistic, bayes = reference_accuracies(0.0)
+    assert abs(bayes - 1 / 3) < 0.1 and abs(logistic - 1 / 3) < 0.1
+    # a huge logit scale makes labels the argmax of the true logits: the Bayes classifier is always right, and a
+    # logistic regression on 60 separable examples in 2 dimensions nearly always
+    logistic, bayes = reference_accuracies(1e4)
+    assert bayes == 1.0 and logistic > 0.9
