@@ -24,8 +24,17 @@ from .validation import check_int
 DEFAULT_N_DIMS = 5  # compare's input dimension for families that have no default of their own
 
 
+class _DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is or there is none (None)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def _formatter(prog):
-    return argparse.ArgumentDefaultsHelpFormatter(prog, max_help_position=36)
+    return _DefaultsFormatter(prog, max_help_position=36)
 
 
 def _json_dict(text: str) -> dict:
@@ -187,7 +196,7 @@ def run_train(argv: list[str]) -> int:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
-    parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train")
+    parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train", formatter_class=_DefaultsFormatter)
     parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
     if known.config is not None:
         parser.set_defaults(**_training_yaml(known.config).to_dict())

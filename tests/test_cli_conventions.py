@@ -3,6 +3,7 @@
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import warnings
@@ -12,6 +13,7 @@ from transformers import HfArgumentParser
 
 import hf_icl_cli
 from hf_icl.cli import build_parser, main
+from hf_icl.modeling import MODEL_CLASSES
 from hf_icl.options import both_spellings
 from hf_icl.training import ICLTrainingArguments
 
@@ -71,10 +73,20 @@ def test_train_accepts_both_spellings_and_lists_typed_choices(capsys):
         "{constant,constant_with_warmup,linear,cosine}",
         "{tensorboard,wandb,none}",
         "{tiny,small,standard,none}",
+        "{" + ",".join(MODEL_CLASSES) + "}",  # every registered architecture, in registration order
     ):
         assert choices in text
+    assert "(default: None)" not in text and "(default: 50)" in text  # logging_steps's default, stated once
+    subcommands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for name, subparser in subcommands.items():  # a default is stated once, and "None" is not stated
+        text = " ".join(subparser.format_help().split())
+        assert "(default: None)" not in text and not re.search(r"\(default: [^)]*\) \(default:", text), name
     with pytest.raises(SystemExit):
         parser.parse_args_into_dataclasses(["--lr_scheduler_type", "step"])
+    with pytest.raises(SystemExit):
+        parser.parse_args_into_dataclasses(["--model_type", "gpt3"])
+    with pytest.raises(ValueError, match="model_type must be one of"):
+        ICLTrainingArguments(model_type="gpt3")  # the dataclass checks it too (YAML, Python callers)
 
 
 def test_training_arguments_use_transformers_names():

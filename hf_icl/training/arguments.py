@@ -15,6 +15,10 @@ from ..validation import check_choice, check_float, check_int
 ReportTo = Literal["tensorboard", "wandb", "none"]
 ModelSize = Literal["tiny", "small", "standard", "none"]
 SchedulerType = Literal["constant", "constant_with_warmup", "linear", "cosine"]
+#: the registered ICL architectures (hf_icl.modeling.MODEL_CLASSES; a test keeps the two equal)
+ModelType = Literal[
+    "gpt2_icl", "sgpt", "mlp_icl", "one_layer_feature_map", "linear_gpt", "kernel_icl", "gd_transformer"
+]
 TRACKERS = get_args(ReportTo)
 #: the size presets every registered ICL config offers ("none": the config's own defaults, shape in model_overrides)
 MODEL_SIZES = ("tiny", "small", "standard")
@@ -79,13 +83,7 @@ class ICLTrainingArguments:
     curriculum_points_inc: int = field(default=2, metadata={"help": "points added per curriculum interval"})
     curriculum_points_interval: int = field(default=2000, metadata={"help": "steps between points increments"})
     # -- model ---------------------------------------------------------------------------------
-    model_type: str = field(
-        default="gpt2_icl",
-        metadata={
-            "help": "registered ICL architecture: gpt2_icl, sgpt, mlp_icl, one_layer_feature_map, linear_gpt, "
-            "kernel_icl, gd_transformer"
-        },
-    )
+    model_type: ModelType = field(default="gpt2_icl", metadata={"help": "registered ICL architecture"})
     model_size: ModelSize | None = field(
         default="standard",
         metadata={"help": "size preset; none: no preset (set the shape in model_overrides)"},
