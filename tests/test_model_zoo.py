@@ -321,3 +321,20 @@ def test_categorical_references_follow_the_label_noise():
     # logistic regression on 60 separable examples in 2 dimensions nearly always
     logistic, bayes = reference_accuracies(1e4)
     assert bayes == 1.0 and logistic > 0.9
+
+
+def test_garg_suite_on_the_zoo_tabulates_every_run(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("garg_suite_zoo", SCRIPT.parent / "garg_suite_zoo.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    table = script.main(["--models-dir", str(MODELS), "--output-dir", str(tmp_path), "--n-prompts", "16"])
+    assert capsys.readouterr().out.strip() == table  # stdout: the combined table only
+    rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
+    documents = {name: json.loads((tmp_path / name / "metrics.json").read_text()) for name in script.MODELS}
+    assert list(rows) == list(documents["sgpt-linear-regression"]["evaluations"])  # all 15, in the suite's order
+    for evaluation, line in rows.items():
+        cells = [c.strip() for c in line.strip("| ").split(" | ")]
+        for column, (name, model_type) in enumerate(script.MODELS.items(), start=2):
+            curve = documents[name]["evaluations"][evaluation]["predictors"][model_type]
+            assert cells[column].startswith(f"{curve['mean'][-1]:.3g} ["), (evaluation, name)
+        assert int(cells[1]) == len(curve["mean"]) - 1
