@@ -357,6 +357,7 @@ NUMERIC_COLUMNS = ("parameters", "size", "wall time", "zero / chance", "least sq
 def zoo_row(folder: Path) -> tuple[str, str]:
     """One table row of a shipped folder (and how its card says it was trained: "CPU" or "GPU")."""
     from hf_icl.evaluation.runs import read_metrics
+    from hf_icl.training.model_card import parameter_count
 
     config = json.loads((folder / "config.json").read_text())
     args = json.loads((folder / "training_args.json").read_text())
@@ -387,18 +388,6 @@ def zoo_row(folder: Path) -> tuple[str, str]:
         f"{entry['metric']}: " + last(args["model_type"], band=True),
     ]
     return "| " + " | ".join(row) + " |", hardware
-
-
-def parameter_count(folder: Path) -> int:
-    """Trained and fixed parameters of a saved model, counted on the meta device (no weights read)."""
-    import torch
-    from transformers import AutoConfig, AutoModel
-
-    import hf_icl  # noqa: F401  (registers the architectures)
-
-    with torch.device("meta"):
-        model = AutoModel.from_config(AutoConfig.from_pretrained(folder))
-    return sum(p.numel() for p in model.parameters())
 
 
 def write_zoo_readme(output: str | Path) -> Path:

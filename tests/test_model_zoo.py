@@ -3,7 +3,6 @@ Hub card, loads with ``AutoModel`` and, on fresh prompts, still scores what its 
 
 import importlib.util
 import json
-import os
 import re
 from functools import cache
 from pathlib import Path
@@ -200,12 +199,9 @@ def run_snippet(code: str, workdir: Path) -> dict:
     """Run a documentation snippet as written, from ``workdir``, with ``models/`` pointing at the shipped zoo."""
     code = code.replace('"models/', f'"{MODELS.as_posix()}/')
     namespace: dict = {"__name__": "__snippet__"}
-    cwd = os.getcwd()
-    os.chdir(workdir)
-    try:
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(workdir)
         exec(compile(code, "<snippet>", "exec"), namespace)
-    finally:
-        os.chdir(cwd)
     return namespace
 
 

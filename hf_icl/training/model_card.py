@@ -340,7 +340,7 @@ def _summary(output_dir: Path, training_config: dict, task) -> str:
     source = f"a fixed pool of {pool} tasks" if pool is not None else "a fresh task for every prompt"
     return (
         f"A `{architecture}` (model_type `{config.get('model_type')}`{', ' + shape if shape else ''}) with "
-        f"**{_parameter_count(output_dir):,} parameters**, trained with "
+        f"**{parameter_count(output_dir):,} parameters**, trained with "
         f"hf_icl to learn `{task.name}` functions in context ({task.target_kind} targets): "
         f"a prompt holds up to {config.get('n_points')} pairs (x, y) with x in {config.get('n_dims')} dimensions, "
         "and the model predicts y at every position from the pairs before it. Training drew "
@@ -417,7 +417,7 @@ def _model_type(output_dir: Path, training_config: dict) -> str:
     )
 
 
-def _parameter_count(output_dir: Path) -> int:
+def parameter_count(output_dir: Path) -> int:
     """Parameters of the saved architecture, counted on the meta device (no weights are read)."""
     import torch
     from transformers import AutoConfig, AutoModel
