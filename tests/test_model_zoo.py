@@ -21,17 +21,17 @@ from hf_icl.training.model_card import read_card_results, write_model_card
 from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
-SCRIPT = MODELS.parent / "scripts" / "train_model_zoo.py"
+SCRIPTS = MODELS.parent / "scripts"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("train_model_zoo", SCRIPT)
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-zoo_script = load_script()
+zoo_script = load_script("train_model_zoo")
 #: the zoo: one checkpoint per architecture (the NIAH retriever is a language model with its own test)
 ZOO = {name: recipe["model_type"] for name, recipe in zoo_script.RECIPES.items()}
 NOT_IN_ZOO = {"niah-retriever"}
@@ -320,9 +320,7 @@ def test_categorical_references_follow_the_label_noise():
 
 
 def test_garg_suite_on_the_zoo_tabulates_every_run(tmp_path, capsys):
-    spec = importlib.util.spec_from_file_location("garg_suite_zoo", SCRIPT.parent / "garg_suite_zoo.py")
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
+    script = load_script("garg_suite_zoo")
     table = script.main(["--models-dir", str(MODELS), "--output-dir", str(tmp_path), "--n-prompts", "16"])
     assert capsys.readouterr().out.strip() == table  # stdout: the combined table only
     rows = {line.split(" | ")[0].strip("| "): line for line in table.splitlines()[2:]}
@@ -334,3 +332,27 @@ def test_garg_suite_on_the_zoo_tabulates_every_run(tmp_path, capsys):
             curve = documents[name]["evaluations"][evaluation]["predictors"][model_type]
             assert cells[column].startswith(f"{curve['mean'][-1]:.3g} ["), (evaluation, name)
         assert int(cells[1]) == len(curve["mean"]) - 1
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--steps-scale", "0"], "--steps-scale must be a finite number > 0, got 0.0"),
+        (["--steps-scale", "nan"], "--steps-scale must be a finite number > 0, got nan"),
+        (["--eval-prompts", "0"], "--eval-prompts must be at least 1, got 0"),
+        (["--only", "gpt3"], "argument --only: invalid choice: 'gpt3'"),
+    ],
+)
+def test_the_script_names_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        zoo_script.parse_options(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_garg_suite_zoo_names_bad_options(tmp_path, capsys):
+    script = load_script("garg_suite_zoo")
+    with pytest.raises(SystemExit):
+        script.main(["--n-prompts", "0", "--output-dir", str(tmp_path)])
+    assert "--n-prompts must be at least 1, got 0" in capsys.readouterr().err
+    with pytest.raises(RuntimeError, match="the garg suite failed on gpt2-icl-linear-regression"):
+        script.main(["--models-dir", str(tmp_path / "nowhere"), "--output-dir", str(tmp_path), "--n-prompts", "4"])
