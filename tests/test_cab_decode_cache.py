@@ -102,15 +102,15 @@ def summarised(monkeypatch):
         record["lengths"].append(keys.shape[2])
         return key_block_summaries(keys, block_size, score)
 
-    real_select = cab_module.select_cab_blocks
+    real_selector = cab_module.token_block_selector
 
-    def counted_select(*args, **kwargs):
+    def counted_selector(*args, **kwargs):  # the attention call's uncached selection (from the keys)
         record["rule_calls"] += 1
-        return real_select(*args, **kwargs)
+        return real_selector(*args, **kwargs)
 
     monkeypatch.setattr(token_selection, "key_block_summaries", spy)
     monkeypatch.setattr(cab_cache, "key_block_summaries", spy)
-    monkeypatch.setattr(cab_module, "select_cab_blocks", counted_select)
+    monkeypatch.setattr(cab_module, "token_block_selector", counted_selector)
     return record
 
 

@@ -48,22 +48,23 @@ def test_prefill_logits_and_gradients_match_the_pytorch_path(build):
 
 
 @needs_triton
-def test_kernel_path_is_actually_taken(monkeypatch):
-    """With cab_backend='triton' the prefill goes through the flash op and decode through the split-K kernel."""
+@pytest.mark.parametrize("policy", ["streaming", "magnitude", "hybrid"])
+def test_kernel_path_is_actually_taken(monkeypatch, policy):
+    """With cab_backend='triton' every policy's prefill goes through the key-block-major kernels and decode through
+    the split-K kernel, both fed by the fused selection's block lists."""
     calls = {"prefill": 0, "decode": 0}
-    prefill, decode = cab_module.block_sparse_flash_attention, cab_module.block_sparse_decode
+    prefill, decode = cab_module.token_sparse_attention_triton, cab_module.token_sparse_decode
 
     def count(kind, fn):
         def wrapped(*args, **kwargs):
             calls[kind] += 1
-            assert kwargs["backend"] == "triton"
             return fn(*args, **kwargs)
 
         return wrapped
 
-    monkeypatch.setattr(cab_module, "block_sparse_flash_attention", count("prefill", prefill))
-    monkeypatch.setattr(cab_module, "block_sparse_decode", count("decode", decode))
-    model = _with_backend(gpt2(), "triton")
+    monkeypatch.setattr(cab_module, "token_sparse_attention_triton", count("prefill", prefill))
+    monkeypatch.setattr(cab_module, "token_sparse_decode", count("decode", decode))
+    model = _with_backend(gpt2(), "triton", policy=policy)
     model.generate(tokens(1, 48).to(DEVICE), max_new_tokens=3, do_sample=False, pad_token_id=0)
     assert calls["prefill"] == 2 and calls["decode"] == 2 * 2  # 2 layers; the 1st new token comes from prefill
 
@@ -79,15 +80,16 @@ def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
     assert torch.equal(generated[0], generated[1])
 
 
-def test_forcing_triton_where_no_kernel_is_exact_is_a_clear_error():
-    """Per-token selections in prefill and padded batches have no exact kernel yet: 'triton' says so."""
+def test_forcing_triton_where_no_kernel_runs_is_a_clear_error():
+    """The oracle's dense selection and a padded batch's decode have no kernel route: 'triton' says why."""
     q = k = v = torch.randn(1, 2, 64, 32)
-    with pytest.raises(ValueError, match="cab_policy='frc' selects per token"):
-        cab_attention_forward(_module(backend="triton", policy="frc"), q, k, v, None)
-    padded = torch.ones(1, 1, 64, 64, dtype=torch.bool).tril()
+    with pytest.raises(ValueError, match="cab_backend='triton' cannot run this call: the fused selection"):
+        cab_attention_forward(_module(backend="triton", policy="oracle"), q, k, v, None)
+    one = torch.randn(1, 2, 1, 32)
+    padded = torch.ones(1, 1, 1, 64, dtype=torch.bool)
     padded[..., :5] = False
-    with pytest.raises(ValueError, match="padded batches run on the PyTorch path"):
-        cab_attention_forward(_module(backend="triton"), q, k, v, padded)
+    with pytest.raises(ValueError, match="padded batch's decode or chunked prefill"):
+        cab_attention_forward(_module(backend="triton"), one, k, v, padded)
 
 
 def test_key_padding_is_read_off_causal_padding_masks_only():
@@ -114,7 +116,7 @@ def test_forcing_triton_with_dropout_or_unsupported_head_dim_is_a_clear_error():
     with pytest.raises(ValueError, match="cab_backend='triton' cannot run this call: attention dropout"):
         cab_attention_forward(_module(training=True, backend="triton"), q, k, v, None, dropout=0.1)
     odd = torch.randn(1, 2, 64, 48)
-    with pytest.raises(ValueError, match=r"head_dim must be one of \[32, 64, 128\], got 48"):
+    with pytest.raises(ValueError, match=r"head_dim must be one of \[32, 64, 128\] for the kernels, got 48"):
         cab_attention_forward(_module(backend="triton"), odd, odd, odd, None)
 
 
@@ -122,8 +124,8 @@ def test_auto_backend_falls_back_to_pytorch_for_dropout_and_cpu(monkeypatch):
     def fail(*args, **kwargs):
         raise AssertionError("kernels must not run here")
 
-    monkeypatch.setattr(cab_module, "block_sparse_flash_attention", fail)
-    monkeypatch.setattr(cab_module, "block_sparse_decode", fail)
+    monkeypatch.setattr(cab_module, "token_sparse_attention_triton", fail)
+    monkeypatch.setattr(cab_module, "token_sparse_decode", fail)
     q = k = v = torch.randn(1, 2, 64, 32)
     out, _ = cab_attention_forward(_module(training=True), q, k, v, None, dropout=0.1)  # CPU + dropout
     assert out.shape == (1, 64, 2, 32)
@@ -132,3 +134,35 @@ def test_auto_backend_falls_back_to_pytorch_for_dropout_and_cpu(monkeypatch):
 def test_backend_field_is_validated():
     with pytest.raises(ValueError, match="cab_backend"):
         CABParams(backend="cuda")
+
+
+ROUTE_TABLE = [
+    # (overrides, call) → route, words of the reason
+    (dict(), dict(device="cpu"), "torch", "tensors on cpu"),
+    (dict(backend="reference"), dict(device="cuda"), "torch", "cab_backend='reference'"),
+    (dict(), dict(device="cuda"), "triton_prefill", None),
+    (dict(policy="hybrid"), dict(device="cuda"), "triton_prefill", None),
+    (dict(), dict(device="cuda", n_q=1), "triton_decode", None),
+    (dict(), dict(device="cuda", padded=True), "triton_prefill", None),
+    (dict(), dict(device="cuda", padded=True, n_q=1), "torch", "padded batch's decode"),
+    (dict(), dict(device="cuda", dropout=0.1), "torch", "attention dropout"),
+    (dict(), dict(device="cuda", head_dim=48), "torch", "head_dim must be one of"),
+    (dict(policy="oracle"), dict(device="cuda"), "torch", "fused selection cannot run it"),
+    (dict(), dict(device="cuda", n_k=32), "dense", None),  # below min_seq_len
+    (dict(decode="dense"), dict(device="cuda", n_q=1), "dense", None),
+]
+
+
+@needs_triton
+@pytest.mark.parametrize("overrides, call, route, reason", ROUTE_TABLE)
+def test_the_route_table(overrides, call, route, reason):
+    """cab_route decides each call once from (device, policy, padding, dtype, head dim, dropout)."""
+    params = CABParams(**{**SPARSE, "min_seq_len": 64, **overrides})
+    arguments = {**dict(n_q=128, n_k=128, head_dim=64, dtype=torch.bfloat16, padded=False, dropout=0.0), **call}
+    arguments["device"] = torch.device(arguments["device"])
+    decided = cab_module.cab_route(params, **arguments)
+    assert decided.name == route
+    assert (decided.reason is None) == (reason is None)
+    if reason:
+        assert reason in decided.reason
+    assert decided.compact == (route == "triton_prefill" and arguments["padded"])

@@ -1,7 +1,8 @@
-"""``token_sparse_attention`` (CAB's PyTorch executor) against dense softmax under the per-token mask, in float64.
+"""CAB's PyTorch path (:mod:`hf_icl.kernels.token_sparse.torch_path`) against dense softmax under the per-token mask,
+in float64.
 
-The executor gathers each query tile's union of key blocks, runs tiles in chunks sorted by union width and
-masks causality on each tile's two highest blocks only; the reference below knows none of that.
+The path lists (token, block) pairs key block by key block, cuts them into bucketed work items, masks causality on
+own-block items only and merges each token's partial results; the reference below knows none of that.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import math
 import pytest
 import torch
 
-import hf_icl.kernels.block_sparse_reference as executor
-from hf_icl.kernels.block_sparse_reference import token_sparse_attention
+import hf_icl.kernels.token_sparse.torch_path as executor
+from hf_icl.kernels.token_sparse import token_sparse_attention
 
 
 def dense_reference(q, k, v, token_keep, block_size, scaling, key_valid=None):
@@ -56,7 +57,7 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("padded", [False, True], ids=["no padding", "left and right padding"])
-@pytest.mark.parametrize("max_elements", [None, 64], ids=["one chunk", "many chunks"])
+@pytest.mark.parametrize("max_elements", [None, 64], ids=["one piece", "many pieces and ranges"])
 def test_executor_equals_dense_softmax_under_the_token_mask(case, padded, max_elements, monkeypatch):
     shape = CASES[case]
     q, k, v, g = _inputs(7, **shape)
@@ -69,8 +70,10 @@ def test_executor_equals_dense_softmax_under_the_token_mask(case, padded, max_el
         key_valid = torch.ones(shape["batch"], n_k, dtype=torch.bool)
         key_valid[0, :5] = False  # left padding
         key_valid[-1, -3:] = False  # right padding (the decode case's query itself is padded there)
-    if max_elements is not None:  # tiny chunks: items of different union widths run in separate chunks
-        monkeypatch.setattr(executor, "_MAX_MASK_ELEMENTS", max_elements)
+    if max_elements is not None:  # tiny pieces, ranges and items: a token's blocks split over many work items
+        monkeypatch.setattr(executor, "_MAX_SCORE_ELEMENTS", max_elements)
+        monkeypatch.setattr(executor, "_MAX_SELECTION_ELEMENTS", max_elements)
+        monkeypatch.setattr(executor, "_MAX_ITEM", 8)
     q.requires_grad_(True)
     k.requires_grad_(True)
     v.requires_grad_(True)

@@ -9,8 +9,8 @@ from ..kernels.block_sparse_reference import (
     dense_masked_attention,
     selected_block_indices,
     token_keep_mask,
-    token_sparse_attention,
 )
+from ..kernels.token_sparse import token_sparse_attention
 from .cab import BUDGETS, POLICIES, CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
 from .cab_cache import (
     CABCache,

@@ -2,14 +2,20 @@
 
 Per layer and head, every query token picks its own key blocks from the complete blocks before its own
 (:mod:`.token_selection`: causal by construction, so teacher-forced logits equal step-by-step generation), always
-keeping its own block and the sink blocks; then exact softmax attention runs over the chosen blocks only. Blocks,
-sinks and budgets are laid over each row's real tokens, so a padded batch gives what each row gives alone.
-Hyperparameters live on ``model.config`` as ``cab_*`` fields, so they survive ``save_pretrained``.
+keeping its own block and the sink blocks; then exact softmax attention runs over the chosen blocks only, with work
+that follows the selected (token, block) pairs (:mod:`hf_icl.kernels.token_sparse`). Blocks, sinks and budgets are
+laid over each row's real tokens, so a padded batch gives what each row gives alone. Hyperparameters live on
+``model.config`` as ``cab_*`` fields (:mod:`.cab_params`), so they survive ``save_pretrained``.
 
-The PyTorch path (query tiles gather the union of their tokens' blocks, then mask per token) runs everywhere. On
-CUDA (``cab_backend="auto"``) the Triton kernels run what they can express exactly: decode steps (one query, so
-per-token and per-block selection coincide) and prefill under selections that are uniform within a block
-(``streaming``, ``dense``), both without padding.
+Each call is routed once, by :func:`cab_route`, from (device, policy, padding, dtype, head dim, dropout):
+
+* ``dense``: every token would keep every visible block (short sequences, sparsity 0) or a dense decode step;
+* ``triton_prefill`` / ``triton_decode`` (CUDA, ``cab_backend`` ``"auto"`` or ``"triton"``): the fused selection
+  kernel emits each token's block list, and the key-block-major kernels (prefill) or the split-K decode kernel
+  consume it with no host sync; a padded prefill is compacted to its real tokens first;
+* ``torch``: the PyTorch path (CPU, dropout, head dims the kernels lack, the ``oracle`` policy, padded decode and
+  chunked prefill), selection and execution range by range. The route's ``reason`` says what kept the kernels out;
+  ``cab_backend="triton"`` raises it as a ``ValueError``.
 
     >>> import hf_icl                                   # registers "cab"
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -21,7 +27,6 @@ per-token and per-block selection coincide) and prefill under selections that ar
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import asdict, dataclass
 
 import torch
@@ -29,113 +34,86 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..kernels._common import BACKENDS, resolve_backend
-from ..kernels.block_sparse_attention import HEAD_DIMS, expand_kv
-from ..kernels.block_sparse_backward import block_sparse_flash_attention
-from ..kernels.block_sparse_decode import block_sparse_decode
-from ..kernels.block_sparse_reference import token_sparse_attention
-from ..kernels.token_selection_triton import fused_selection_unsupported
-from ..validation import check_choice, check_float, check_int
-from .token_selection import SCORES, TOKEN_POLICIES, select_token_blocks
+from ..kernels._common import triton
+from ..kernels.block_sparse_attention import expand_kv
+from ..kernels.block_sparse_reference import real_positions
+from ..kernels.token_selection_triton import fused_selection_unsupported, selection_width
+from ..kernels.token_sparse import (
+    KERNEL_HEAD_DIMS,
+    attend_selected,
+    keep_to_indices,
+    token_sparse_attention_triton,
+    token_sparse_decode,
+)
+from .cab_cache import cached_block_indices, cached_block_selection, use_cab_cache
+from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's parameters)
+    BUDGETS,
+    DECODE_MODES,
+    NAME,
+    POLICIES,
+    CABParams,
+    _unknown_message,
+    cab_params_of,
+    config_field,
+)
+from .token_selection import SCORES, select_token_blocks, select_token_blocks_fused, token_block_selector  # noqa: F401
 
-NAME = "cab"
-#: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
-POLICIES = TOKEN_POLICIES
-BUDGETS = ("row", "topk")
-DECODE_MODES = ("sparse", "dense")
-#: selections identical for every token of a block (their kernels' prefill can run them)
-_BLOCK_UNIFORM = ("streaming", "dense")
-#: values that earlier releases accepted and that cannot be causal, with why
-_NOT_CAUSAL = {
-    ("cab_budget", "global"): "one top-k over all rows lets later tokens change earlier tokens' blocks",
-    ("cab_policy", "reference"): (
-        "the document's selection scores future blocks; it is kept for analysis as "
-        "hf_icl.attention.reference_cab_v3_selection"
-    ),
-}
+ROUTES = ("dense", "torch", "triton_prefill", "triton_decode")
 
 
 @dataclass(frozen=True)
-class CABParams:
-    """The ``cab_*`` fields of a model config, validated. Defaults apply to absent fields."""
+class CABRoute:
+    """How one attention call runs: ``name`` (one of :data:`ROUTES`), ``reason`` (why the Triton kernels do not run
+    it, on the ``torch`` route) and ``compact`` (a padded prefill compacted to its real tokens for the kernels)."""
 
-    sparsity: float = 0.9
-    block_size: int = 64
-    # the best measured on SmolLM2 passkey retrieval (docs/results/niah.md): magnitude ranking of mean-key scores
-    policy: str = "magnitude"
-    score: str = "mean"
-    lam: float = 0.5
-    budget: str = "row"
-    topk: int = 8
-    sink_blocks: int = 1
-    # 1: a token's own block is its local window; 2 adds the block before it (tokens early in their block then
-    # still see up to a block of local context: SmolLM2's perplexity at 90 % went 1.70× → 1.33× dense)
-    local_blocks: int = 1
-    min_seq_len: int = 1024
-    decode: str = "sparse"
-    magnitude_fraction: float = 0.5
-    backend: str = "auto"
-
-    def __post_init__(self):
-        if check_float("cab_sparsity", self.sparsity, low=0.0) >= 1:
-            raise ValueError(
-                f"cab_sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {self.sparsity}"
-            )
-        check_int("cab_block_size", self.block_size, low=16, high=128)
-        if self.block_size & (self.block_size - 1):
-            raise ValueError(f"cab_block_size must be a power of two in [16, 128], got {self.block_size}")
-        for field, value in (("cab_policy", self.policy), ("cab_budget", self.budget)):
-            if (field, value) in _NOT_CAUSAL:
-                allowed = POLICIES if field == "cab_policy" else BUDGETS
-                raise ValueError(
-                    f"{field}={value!r} is not causal ({_NOT_CAUSAL[field, value]}); allowed: {', '.join(allowed)}"
-                )
-        check_choice("cab_policy", self.policy, POLICIES)
-        check_choice("cab_score", self.score, SCORES)
-        check_float("cab_lambda", self.lam, low=0.0)
-        check_choice("cab_budget", self.budget, BUDGETS)
-        check_int("cab_topk", self.topk, low=1)
-        check_int("cab_sink_blocks", self.sink_blocks, low=0)
-        check_int("cab_local_blocks", self.local_blocks, low=1)
-        check_int("cab_min_seq_len", self.min_seq_len, low=0)
-        check_choice("cab_decode", self.decode, DECODE_MODES)
-        check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
-        check_choice("cab_backend", self.backend, BACKENDS)
-
-    def selection_rule(self) -> dict:
-        """The fields of the per-token selection rule (:func:`.token_selection.apply_selection_rule`'s keywords)."""
-        names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
-        return {name: getattr(self, name) for name in (*names, "lam", "magnitude_fraction")}
-
-    @classmethod
-    def from_config(cls, config) -> CABParams:
-        """The validated ``cab_*`` fields of ``config``; a ``cab_*`` attribute CAB does not know (a typo such as
-        ``config.cab_sparsty = 0.5``, which would otherwise run with the default) raises ``ValueError``."""
-        defaults = cls.__dataclass_fields__
-        stray = [key for key in getattr(config, "__dict__", {}) if key.startswith("cab_") and key not in _CONFIG_FIELDS]
-        if stray:
-            raise ValueError(_unknown_message("model.config has an unknown CAB field", stray, sorted(_CONFIG_FIELDS)))
-        return cls(**{name: getattr(config, config_field(name), defaults[name].default) for name in defaults})
-
-    def to_config_fields(self) -> dict:
-        return {config_field(name): value for name, value in asdict(self).items()}
+    name: str
+    reason: str | None = None
+    compact: bool = False
 
 
-def config_field(name: str) -> str:
-    return "cab_lambda" if name == "lam" else f"cab_{name}"
+def cab_route(
+    params: CABParams,
+    *,
+    device: torch.device,
+    n_q: int,
+    n_k: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    padded: bool,
+    dropout: float = 0.0,
+) -> CABRoute:
+    """The one place a call's route is decided (see the module docstring). ``cab_backend="triton"`` on a call the
+    kernels cannot run raises ``ValueError`` naming what stands in the way."""
+    if runs_dense(params, n_q, n_k):
+        return CABRoute("dense")
+    reason = _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout)
+    if reason is None:
+        return CABRoute("triton_decode" if n_q == 1 else "triton_prefill", compact=padded)
+    if params.backend == "triton":
+        raise ValueError(f"cab_backend='triton' cannot run this call: {reason}")
+    return CABRoute("torch", reason)
 
 
-#: the ``cab_*`` config fields, one per :class:`CABParams` field
-_CONFIG_FIELDS = frozenset(config_field(name) for name in CABParams.__dataclass_fields__)
-
-
-def _unknown_message(what: str, unknown: list[str], allowed: list[str]) -> str:
-    """``{what} 'x'; did you mean 'y'?`` for each unknown name, then the allowed names."""
-    parts = []
-    for name in unknown:
-        close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
-        parts.append(f"{what} {name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
-    return "; ".join(parts) + f"; allowed: {', '.join(allowed)}"
+def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout) -> str | None:
+    if params.backend == "reference":
+        return "cab_backend='reference' asks for the PyTorch path"
+    if triton is None:
+        return "triton could not be imported"
+    if params.backend == "auto" and device.type != "cuda":
+        return f"tensors on {device.type}: the kernels run on CUDA (cab_backend='triton' runs them interpreted)"
+    if dropout:
+        return f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
+    if head_dim not in KERNEL_HEAD_DIMS:
+        return f"head_dim must be one of {list(KERNEL_HEAD_DIMS)} for the kernels, got {head_dim}"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {dtype} is not one the kernels take (float32, float16, bfloat16)"
+    n_blocks = -(-n_k // params.block_size)
+    unfused = fused_selection_unsupported(torch.empty(0, dtype=dtype), n_blocks, params.policy, params.budget)
+    if unfused is not None and "device" not in unfused and "CUDA" not in unfused:
+        return f"the fused selection cannot run it: {unfused}"
+    if padded and n_q != n_k:
+        return "a padded batch's decode or chunked prefill (each row's queries sit at their own positions)"
+    return None
 
 
 def _bool_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -166,50 +144,36 @@ def cab_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """The function transformers calls: ``(B, H, T, D)`` tensors in, ``(B, T, H, D)`` out."""
-    params = CABParams.from_config(module.config)
+    params = cab_params_of(module.config)
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
     dropout = dropout if module.training else 0.0
     n_q, n_k = query.shape[2], key.shape[2]
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
     key_valid = None if mask is None else _key_padding_from_mask(mask, q_offset)
-    if runs_dense(params, n_q, n_k):
+    route = cab_route(
+        params,
+        device=query.device,
+        n_q=n_q,
+        n_k=n_k,
+        head_dim=query.shape[-1],
+        dtype=query.dtype,
+        padded=key_valid is not None,
+        dropout=dropout,
+    )
+    if route.name == "dense":
         heads = query.shape[1]
         out = _dense_causal(query, expand_kv(key, heads), expand_kv(value, heads), mask, scaling, q_offset, dropout)
-        return out.transpose(1, 2).contiguous(), None
-    from .cab_cache import cached_block_selection  # cab_cache builds on this module
-
-    # decode / chunked prefill on a CABCache: select from its incrementally kept block summaries
-    token_keep = cached_block_selection(query, key, params, scaling, key_valid)
-    if token_keep is None:
-        token_keep = select_cab_blocks(query, key, params, scaling, key_valid=key_valid)
-    kernel = _kernel_route(query, params, key_valid, dropout, q_offset)
-    # streaming picks by position alone, so every head of a KV group keeps the same blocks and one program can serve
-    # the group; the score policies select per query head (and detecting sharing would cost a device sync)
-    shared = params.policy in _HEAD_INDEPENDENT
-    sparse = {
-        "block_size": params.block_size,
-        "scaling": scaling,
-        "q_offset": q_offset,
-        "validate": False,
-        "group_heads": shared,
-    }
-    if kernel == "decode":
-        out = block_sparse_decode(query, key, value, token_keep, backend="triton", **sparse)
-    elif kernel == "prefill":  # block-uniform: the first token of each query block speaks for the block
-        keep = token_keep[:, :, :: params.block_size]
-        out = block_sparse_flash_attention(query, key, value, keep, backend="triton", **sparse)
-    else:
-        out = token_sparse_attention(
-            query,
-            key,
-            value,
-            token_keep,
-            block_size=params.block_size,
-            scaling=scaling,
-            key_valid=key_valid,
-            dropout=dropout,
+    elif route.name == "torch":
+        out = _torch_route(query, key, value, params, scaling, key_valid, dropout)
+    elif route.name == "triton_decode":
+        indices, counts = _kernel_selection(query, key, params, scaling)
+        out = token_sparse_decode(
+            query, key, value, indices, counts, block_size=params.block_size, scaling=scaling, q_offset=q_offset,
+            group_heads=params.policy in _HEAD_INDEPENDENT,
         )
+    else:
+        out = _triton_prefill(query, key, value, params, scaling, key_valid if route.compact else None)
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -217,42 +181,66 @@ def cab_attention_forward(
 _HEAD_INDEPENDENT = ("dense", "streaming")
 
 
+def _torch_route(query, key, value, params: CABParams, scaling, key_valid, dropout) -> torch.Tensor:
+    """Selection and execution range by range on the PyTorch path (decode and chunked prefill on a CABCache select
+    from its cached block summaries)."""
+    keep = cached_block_selection(query, key, params, scaling, key_valid)
+    if keep is not None:
+        select = lambda start, stop: keep[:, :, start:stop]  # noqa: E731
+    else:
+        rule = params.selection_rule()
+        select = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
+    return attend_selected(
+        query, key, value, select, block_size=params.block_size, scaling=scaling, key_valid=key_valid, dropout=dropout
+    )
+
+
+def _kernel_selection(query, key, params: CABParams, scaling) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each token's kept blocks as ``(indices, counts)`` from the fused kernel (on a CABCache's summaries when it
+    holds them), with no host sync."""
+    cached = cached_block_indices(query, key, params, scaling)
+    if cached is not None:
+        return cached
+    return select_token_blocks_fused(query, key, scaling=scaling, score=params.score, **params.selection_rule())
+
+
+def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) -> torch.Tensor:
+    """The key-block-major kernels; a padded prefill runs on its real tokens moved to the front of each row (the
+    selection on them is each row's own, since blocks are laid over real tokens), then is moved back."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    lengths = None
+    if key_valid is not None:
+        _, key_index, lengths = real_positions(key_valid, n_q, n_k, query.device)
+        query, key, value = (_gather_tokens(x, key_index) for x in (query, key, value))
+    indices, counts = _kernel_selection(query, key, params, scaling)
+    out = token_sparse_attention_triton(
+        query,
+        key,
+        value,
+        indices,
+        counts,
+        block_size=params.block_size,
+        scaling=scaling,
+        q_offset=n_k - n_q,
+        lengths=lengths,
+        validate=False,
+    )
+    if key_valid is None:
+        return out
+    real_index = (key_valid.long().cumsum(-1) - 1).clamp_min(0)  # where each position's token went
+    return _gather_tokens(out, real_index).masked_fill(~key_valid[:, None, :, None], 0.0)
+
+
+def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x (B, H, N, D)`` with its tokens taken at ``index (B, N)`` per row."""
+    return x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[-1]))
+
+
 def runs_dense(params: CABParams, n_q: int, n_k: int) -> bool:
     """Whether a call with ``n_q`` queries over ``n_k`` keys runs dense attention: every token would keep every
     visible block (all before ``cab_min_seq_len``, or a row budget at sparsity 0), or a dense decode step."""
     every_block = n_k <= params.min_seq_len or (params.budget == "row" and params.sparsity == 0)
     return every_block or (n_q < n_k and params.decode == "dense")
-
-
-def _kernel_route(query: torch.Tensor, params: CABParams, key_valid, dropout: float, q_offset: int) -> str | None:
-    """``"decode"`` / ``"prefill"`` when a Triton kernel runs this call exactly, else None (the PyTorch path).
-
-    ``cab_backend="auto"`` takes a kernel when one can; ``"triton"`` insists and raises a ``ValueError`` naming
-    what stands in the way.
-    """
-    if resolve_backend(params.backend, query) == "reference":
-        return None
-    n_q, block_size = query.shape[2], params.block_size
-    uniform = params.policy in _BLOCK_UNIFORM and params.min_seq_len % block_size == 0
-    reason = None
-    if dropout:
-        reason = f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
-    elif query.shape[-1] not in HEAD_DIMS:
-        reason = f"head_dim must be one of {list(HEAD_DIMS)}, got {query.shape[-1]}"
-    elif key_valid is not None:
-        reason = "padded batches run on the PyTorch path (blocks are laid over each row's real tokens)"
-    elif n_q > 1 and not uniform:
-        reason = (
-            f"cab_policy={params.policy!r} selects per token; the prefill kernel takes one selection per query block "
-            f"(policies {', '.join(_BLOCK_UNIFORM)} with cab_min_seq_len a multiple of cab_block_size)"
-        )
-    elif n_q > 1 and q_offset % block_size:
-        reason = f"chunked prefill starting at position {q_offset}, not a multiple of cab_block_size={block_size}"
-    if reason is None:
-        return "decode" if n_q == 1 else "prefill"
-    if params.backend == "triton":
-        raise ValueError(f"cab_backend='triton' cannot run this call: {reason}")
-    return None
 
 
 def _key_padding_from_mask(mask: torch.Tensor, q_offset: int) -> torch.Tensor:
@@ -284,28 +272,61 @@ def select_cab_blocks(
     """The per-token selection CAB attends over: ``(B, H, Nq, Mk)`` bool, query token t attends key block j.
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)`` (``q_offset``,
-    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`.token_selection`.
+    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`.token_selection`. (The
+    attention call itself never holds this whole tensor: it selects range by range, or as block lists.)
     """
+    _check_offset(query, key, q_offset)
+    backend = params.backend
+    n_blocks = -(-key.shape[2] // params.block_size)
+    if backend == "triton" and fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid):
+        backend = "reference"  # a selection the fused kernel cannot run (padding, oracle) stays on PyTorch
+    return select_token_blocks(
+        query, key, scaling=scaling, score=params.score, key_valid=key_valid, backend=backend,
+        **params.selection_rule(),
+    )
+
+
+def select_cab_block_indices(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    params: CABParams,
+    scaling: float,
+    key_valid: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same selection as block lists: ``indices (B, H, Nq, W)`` int32 (ascending kept block ids, the first
+    ``counts`` valid, the rest repeating the last) and ``counts (B, H, Nq)`` int32; ``W`` is
+    :func:`~hf_icl.kernels.token_selection_triton.selection_width`. On CUDA (and unpadded) the fused kernel emits
+    them directly; elsewhere the PyTorch rule runs range by range and each range's bool selection is listed."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    n_blocks = -(-n_k // params.block_size)
+    rule = params.selection_rule()
+    fused_ok = fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid) is None
+    if params.backend != "reference" and fused_ok and (query.is_cuda or params.backend == "triton"):
+        return select_token_blocks_fused(query, key, scaling=scaling, score=params.score, **rule)
+    if params.backend == "triton" and not fused_ok:
+        raise ValueError(
+            "cab_backend='triton' cannot run this selection: "
+            + fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid)
+        )
+    width = _width(params, n_k) if params.policy != "oracle" else n_blocks
+    select = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
+    step = max(params.block_size, (1 << 22) // max(1, query.shape[0] * query.shape[1] * n_blocks))
+    pieces = [keep_to_indices(select(s, min(n_q, s + step)), width) for s in range(0, n_q, step)]
+    return torch.cat([p[0] for p in pieces], dim=2), torch.cat([p[1] for p in pieces], dim=2)
+
+
+def _width(params: CABParams, n_k: int) -> int:
+    n_blocks = -(-n_k // params.block_size)
+    names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
+    return selection_width(n_blocks, n_keys=n_k, **{name: getattr(params, name) for name in names})
+
+
+def _check_offset(query, key, q_offset) -> None:
     if q_offset is not None and q_offset != key.shape[2] - query.shape[2]:
         raise ValueError(
             f"q_offset must be Nk - Nq = {key.shape[2] - query.shape[2]} (queries are the last positions), "
             f"got {q_offset}"
         )
-    backend = params.backend
-    n_blocks = -(-key.shape[2] // params.block_size)
-    if backend == "triton" and fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid):
-        # cab_backend="triton" insists on the attention kernels (_kernel_route says what stops them); a selection
-        # the fused kernel cannot run (padding, oracle) stays on PyTorch
-        backend = "reference"
-    return select_token_blocks(
-        query,
-        key,
-        scaling=scaling,
-        score=params.score,
-        key_valid=key_valid,
-        backend=backend,
-        **params.selection_rule(),
-    )
 
 
 def register_cab() -> None:
@@ -340,7 +361,5 @@ def enable_cab(model, **hyperparameters):
         setattr(model.config, field, value)
     model.set_attn_implementation(NAME)
     if hasattr(model, "_prepare_cache_for_generation"):  # generate decodes from cached block summaries
-        from .cab_cache import use_cab_cache  # cab_cache builds on this module
-
         use_cab_cache(model)
     return model

@@ -54,13 +54,22 @@ from torch.utils.weak import WeakIdKeyDictionary
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-from .token_selection import _FRC_POLICIES, _hop_matrix, apply_selection_rule, key_block_summaries, token_block_scores
+from ..kernels.token_selection_triton import fused_selection_unsupported, select_token_blocks_triton
+from .cab_params import NAME, CABParams
+from .token_selection import (
+    _FRC_POLICIES,
+    _hop_matrix,
+    apply_selection_rule,
+    key_block_summaries,
+    token_block_scores,
+)
 
 __all__ = [
     "CABCache",
     "CABCacheLayer",
     "KeyBlockSummaries",
     "block_summaries_of",
+    "cached_block_indices",
     "cached_block_selection",
     "select_blocks_from_summaries",
     "summary_kinds",
@@ -208,7 +217,6 @@ def block_summaries_of(keys: torch.Tensor) -> KeyBlockSummaries | None:
 
 def _wanted(config) -> tuple[int, tuple[str, ...]] | None:
     """``(block_size, kinds)`` the model's CAB settings need, or None when CAB is off or reads no summaries."""
-    from .cab import NAME, CABParams  # cab imports this module
 
     if getattr(config, "_attn_implementation", None) != NAME:
         return None
@@ -321,7 +329,6 @@ class _PrepareCABCache:
         self.model = model
 
     def __call__(self, generation_config, model_kwargs: dict, *args, **kwargs):
-        from .cab import NAME  # cab imports this module
 
         model = self.model
         type(model)._prepare_cache_for_generation(model, generation_config, model_kwargs, *args, **kwargs)
@@ -368,6 +375,14 @@ def cached_block_selection(
         return None
     if key_valid is not None and (n_q == 1 or not bool(key_valid.all())):  # decode: no sync for a padded batch
         return None
+    state = _usable_summaries(key, params, n_k)
+    if state is None:
+        return None
+    return select_blocks_from_summaries(query, n_k, state, params, scaling)
+
+
+def _usable_summaries(key: torch.Tensor, params, n_k: int) -> KeyBlockSummaries | None:
+    """The summaries bound to ``key`` if they are the ones ``params`` reads, up to date, with ≥ 1 complete block."""
     state = block_summaries_of(key)
     if (
         state is None
@@ -377,7 +392,31 @@ def cached_block_selection(
         or state.n_blocks == 0  # no complete block yet: nothing to score, the uncached path is as cheap
     ):
         return None
-    return select_blocks_from_summaries(query, n_k, state, params, scaling)
+    return state
+
+
+def cached_block_indices(
+    query: torch.Tensor, key: torch.Tensor, params, scaling: float
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The fused selection kernel on the summaries bound to ``key``: ``(indices, counts)`` block lists with no host
+    sync, or None when this call must select from the keys (not a cache's keys, a first prefill, summaries missing,
+    or a selection the kernel cannot run). Unpadded calls only."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    n_blocks = -(-n_k // params.block_size)
+    if n_q >= n_k or fused_selection_unsupported(query, n_blocks, params.policy, params.budget) is not None:
+        return None
+    state = _usable_summaries(key, params, n_k)
+    if state is None:
+        return None
+    kinds = summary_kinds(params)
+    summaries = state.for_scoring(params.score, n_blocks) if kinds else None
+    hop = None
+    if params.policy in _FRC_POLICIES:
+        hop = state.hop_matrix(params.score, n_blocks, scaling)  # per KV head
+    _, indices, counts = select_token_blocks_triton(
+        query, summaries, n_keys=n_k, scaling=scaling, hop=hop, return_indices=True, **params.selection_rule()
+    )
+    return indices, counts
 
 
 def select_blocks_from_summaries(

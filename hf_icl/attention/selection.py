@@ -172,15 +172,14 @@ def frc_scores(scores: torch.Tensor, causal: torch.Tensor | None, lam: float = 0
 # --------------------------------------------------------------------------------------------------
 
 
-def _selection_keys(rank: torch.Tensor, candidate: torch.Tensor) -> torch.Tensor:
-    """int64 keys, all distinct, whose descending order is the selection order: by ``rank`` (a candidate's NaN
-    or -inf lifted to the lowest float, every non-candidate below every candidate), then by the lower index."""
-    lowest = torch.finfo(torch.float32).min
-    value = torch.nan_to_num(rank.float(), nan=lowest, posinf=float("inf"), neginf=lowest) + 0.0  # -0.0 → +0.0
-    bits = value.masked_fill(~candidate, float("-inf")).view(torch.int32)
-    monotone = torch.where(bits < 0, bits ^ 0x7FFFFFFF, bits).long()  # float order as integer order
-    n = rank.shape[-1]
-    return (monotone << 32) | torch.arange(n - 1, -1, -1, device=rank.device)  # ties: lower index first
+def _lifted(rank: torch.Tensor) -> torch.Tensor:
+    """``rank`` as float32 with NaN and -inf lifted to the lowest float (a candidate's NaN still ranks above every
+    non-candidate) and -0.0 made +0.0 (equal ranks compare equal)."""
+    value = rank.float()
+    if not torch.isfinite(value).all():
+        lowest = torch.finfo(torch.float32).min
+        value = torch.nan_to_num(value, nan=lowest, posinf=float("inf"), neginf=lowest)
+    return value
 
 
 def _top_among(
@@ -189,18 +188,27 @@ def _top_among(
     """Along the last dim, mark the ``count`` highest-``rank`` entries among ``candidate`` ones.
 
     ``count`` broadcasts against ``rank.shape[:-1]``; ``max_count`` is a host-side upper bound on it (None: the
-    row length), so one partial ``topk`` replaces a full sort. Ties go to the lower index; non-candidates rank
-    after every candidate, so a ``-inf``/NaN rank never displaces them.
+    row length), so one partial ``topk`` of the ranks finds each row's threshold (its ``count``-th best candidate).
+    Every candidate above the threshold is kept, and of those equal to it the lowest indices fill the rest: ties go to
+    the lower index, whatever order ``topk`` returns equal values in. Non-candidates rank after every candidate, so
+    a ``-inf``/NaN rank never displaces them.
     """
     n = rank.shape[-1]
     k = n if max_count is None else max(0, min(int(max_count), n))
     shape = torch.broadcast_shapes(rank.shape, candidate.shape)
     if k == 0:
         return torch.zeros(shape, dtype=torch.bool, device=rank.device)
-    best = torch.topk(_selection_keys(rank, candidate).expand(shape), k, dim=-1).indices  # best first
-    take = (torch.arange(k, device=rank.device) < count.unsqueeze(-1)).expand(best.shape)
-    chosen = torch.zeros(shape, dtype=torch.bool, device=rank.device).scatter_(-1, best, take)
-    return candidate & chosen
+    candidate = candidate.expand(shape)
+    value = _lifted(rank).expand(shape)
+    best = torch.topk(value.masked_fill(~candidate, float("-inf")), k, dim=-1).values  # descending
+    count = count.expand(shape[:-1]).clamp(0, k)
+    threshold = best.gather(-1, (count - 1).clamp_min(0).unsqueeze(-1))
+    above = candidate & (value > threshold)
+    at = candidate & (value == threshold)
+    wanted = (count - above.sum(-1)).unsqueeze(-1)  # how many ties at the threshold to take, lowest index first
+    if bool((at.sum(-1, keepdim=True) > wanted).any()):  # more ties than room (rare): the lowest indices win
+        at = at & (at.cumsum(-1) <= wanted)
+    return (above | at) & (count > 0).unsqueeze(-1)
 
 
 def _budgeted_keep(

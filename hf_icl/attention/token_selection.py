@@ -53,6 +53,8 @@ __all__ = [
     "selection_backend",
     "select_token_blocks",
     "token_block_scores",
+    "token_block_selector",
+    "select_token_blocks_fused",
     "token_block_mass",
     "token_frc_scores",
 ]
@@ -212,8 +214,36 @@ def select_token_blocks(
     }
     if selection_backend(backend, query, key.shape[2], block_size, policy, budget, key_valid) == "triton":
         return _select_fused(query, key, scaling=scaling, score=score, **rule)
+    return token_block_selector(query, key, scaling=scaling, score=score, key_valid=key_valid, **rule)(
+        0, query.shape[2]
+    )
+
+
+def token_block_selector(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    scaling: float,
+    score: str,
+    key_valid: torch.Tensor | None = None,
+    **rule,
+):
+    """The PyTorch selection one query range at a time: returns ``select(start, stop)``, the ``(B, H, stop - start,
+    Mk)`` bool selection of queries ``start ≤ t < stop`` under the rule of the module docstring (``rule``: the
+    keywords of :func:`apply_selection_rule`). Key-block summaries (and FRC's hop matrix) are computed once, on first
+    use; a range's block scores only for that range, so the whole sequence's (heads × tokens × blocks) scores never
+    exist at once.
+
+        >>> q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
+        >>> select = token_block_selector(q, k, scaling=8**-0.5, score="mean", block_size=16, policy="magnitude",
+        ...     budget="row", sparsity=0.5, topk=8, sink_blocks=1, local_blocks=1, min_seq_len=0, lam=0.5,
+        ...     magnitude_fraction=0.5)
+        >>> select(32, 40).shape
+        torch.Size([1, 2, 8, 3])
+    """
     batch, heads, n_q, _ = query.shape
     n_k = key.shape[2]
+    block_size = rule["block_size"]
     q_pos, key_index, n_real = real_positions(key_valid, n_q, n_k, query.device)
     keys = _compact(key, key_index)
     n_blocks = -(-n_k // block_size)
@@ -222,21 +252,28 @@ def select_token_blocks(
     def summaries():
         return key_block_summaries(keys, block_size, score)
 
+    @functools.cache
     def hop():  # the hop probes blocks with their mean keys; the "mean" score already computed them
         means = summaries()[0] if score == "mean" else key_block_summaries(keys, block_size, "mean")[0]
         return _hop_matrix(summaries(), means, scaling, heads)
 
-    def mass():
-        return token_block_mass(query, keys, scaling, block_size, q_pos.expand(batch, -1), n_real.expand(batch))
+    def select(start: int, stop: int) -> torch.Tensor:
+        q_range, pos = query[:, :, start:stop], q_pos[:, start:stop]
 
-    return apply_selection_rule(
-        (batch, heads, n_q, n_blocks),
-        q_pos,
-        scores=lambda: token_block_scores(query, summaries(), scaling),
-        hop=hop,
-        mass=mass,
-        **rule,
-    )
+        def mass():
+            n = stop - start
+            return token_block_mass(q_range, keys, scaling, block_size, pos.expand(batch, n), n_real.expand(batch))
+
+        return apply_selection_rule(
+            (batch, heads, stop - start, n_blocks),
+            pos,
+            scores=lambda: token_block_scores(q_range, summaries(), scaling),
+            hop=hop,
+            mass=mass,
+            **rule,
+        )
+
+    return select
 
 
 def apply_selection_rule(
@@ -333,7 +370,14 @@ def selection_backend(
     return "reference"
 
 
-def _select_fused(query, key, *, scaling, score, **rule):
+def select_token_blocks_fused(query, key, *, scaling, score, **rule) -> tuple[torch.Tensor, torch.Tensor]:
+    """The fused kernel's selection as block lists ``(indices, counts)`` (see
+    :func:`~hf_icl.kernels.token_selection_triton.select_token_blocks_triton`), no host sync."""
+    _, indices, counts = _select_fused(query, key, scaling=scaling, score=score, return_indices=True, **rule)
+    return indices, counts
+
+
+def _select_fused(query, key, *, scaling, score, return_indices=False, **rule):
     """The fused kernel on the summaries (and, for FRC, the per-KV-head hop matrix) the reference would use."""
     summaries = hop = None
     scored = rule["policy"] not in ("dense", "streaming") and not (rule["budget"] == "row" and rule["sparsity"] == 0)
@@ -342,7 +386,9 @@ def _select_fused(query, key, *, scaling, score, **rule):
         if rule["policy"] in _FRC_POLICIES:
             means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
             hop = _hop_per_kv_head(summaries, means, scaling)
-    return select_token_blocks_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
+    return select_token_blocks_triton(
+        query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, return_indices=return_indices, **rule
+    )
 
 
 def achieved_sparsity(

@@ -15,6 +15,11 @@ For a block selection ``keep (B, H, Mq, Mk)`` over ``Nq`` queries at ``q_offset`
 * **compulsory bytes**: each K / V element that any kept block needs read once per KV head in all (perfect reuse
   across query blocks, e.g. from L2): the floor a kernel could reach only by caching K / V.
 
+Per-token selections (every query token keeps its own key blocks) are counted in (token, block) *pairs*:
+:func:`dense_causal_pairs` is how many pairs dense causal attention visits, :func:`token_sparse_work` the FLOPs and
+bytes of a key-block-major executor that runs, per key block, the tokens that chose it and merges each token's
+partial outputs by their log-sum-exp (MoBA's schedule).
+
 Peaks are passed as numbers (bytes/s, FLOP/s); :data:`H100_SXM` holds the datasheet figures. Datasheet peaks are
 leads: a measured copy bandwidth and matrix-product rate make a truer floor.
 """
@@ -26,7 +31,17 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["H100_SXM", "AttentionFloor", "DevicePeaks", "attended_pairs", "block_sparse_floor", "dense_causal_floor"]
+__all__ = [
+    "H100_SXM",
+    "AttentionFloor",
+    "DevicePeaks",
+    "TokenSparseWork",
+    "attended_pairs",
+    "block_sparse_floor",
+    "dense_causal_floor",
+    "dense_causal_pairs",
+    "token_sparse_work",
+]
 
 
 @dataclass(frozen=True)
@@ -220,4 +235,148 @@ def dense_causal_floor(
     moved = float(element_size * batch * n * head_dim * (2 * heads + 2 * kv_heads))
     return AttentionFloor(
         bytes=moved, flops=float(4 * head_dim * batch * heads * n * (n + 1) // 2), compulsory_bytes=moved
+    )
+
+
+def dense_causal_pairs(n_q: int, n_k: int, block_size: int, q_offset: int = 0) -> int:
+    """How many (query token, key block) pairs dense causal attention visits: query ``t`` at position
+    ``p = q_offset + t`` visits the key blocks ``0 … p // block_size`` (its own block included), per head and row.
+
+    >>> dense_causal_pairs(5, 5, 2)  # positions 0,1 see block 0; 2,3 blocks 0-1; 4 blocks 0-2
+    9
+    """
+    checks = (("n_q", n_q, 1), ("n_k", n_k, 1), ("block_size", block_size, 1), ("q_offset", q_offset, 0))
+    for name, value, minimum in checks:
+        _check_positive_int(name, value, minimum)
+    if q_offset + n_q > n_k:
+        raise ValueError(f"the queries must lie inside the keys: q_offset + n_q = {q_offset + n_q} > n_k = {n_k}")
+
+    # sum over p in [q_offset, q_offset + n_q) of (p // bs + 1), in closed form per whole block
+    def upto(n: int) -> int:  # sum over p in [0, n) of (p // bs + 1)
+        full, rest = divmod(n, block_size)
+        return block_size * full * (full + 1) // 2 + rest * (full + 1)
+
+    return upto(q_offset + n_q) - upto(q_offset)
+
+
+@dataclass(frozen=True)
+class TokenSparseWork(AttentionFloor):
+    """:class:`AttentionFloor` of a per-token selection's executed work, with its ``pairs`` (selected (token, key
+    block) pairs, summed over rows and query heads) and ``kv_tiles`` ((row, KV head, key block) tiles read)."""
+
+    pairs: int = 0
+    kv_tiles: int = 0
+
+
+def token_sparse_work(
+    counts: torch.Tensor,
+    block_size: int,
+    head_dim: int,
+    dtype_bytes: int,
+    n_keys: int,
+    q_offset: int = 0,
+    kv_heads: int | None = None,
+    heads: int | None = None,
+    *,
+    indices: torch.Tensor | None = None,
+) -> TokenSparseWork:
+    """FLOPs and bytes of the key-block-major execution of a per-token selection.
+
+    The selection is ``counts (B, Hs, Nq)`` int (how many key blocks query token ``t`` keeps; the queries sit at
+    positions ``q_offset …`` of ``n_keys`` keys) and, optionally, ``indices (B, Hs, Nq, W)`` (the kept block ids,
+    the first ``counts`` of each row valid). ``Hs`` is the query heads ``heads`` (default ``Hs``), or ``kv_heads``
+    when one selection serves each KV group (each row of ``counts`` then stands for ``heads // kv_heads`` heads).
+
+    The model, per (row, query head):
+
+    * **FLOPs**: ``4 · D`` per attended (query, key) pair (``2 · D`` for ``q · k``, ``2 · D`` for ``p · v``; no
+      exponentials), over the keys of each selected block that the token may see (key position ``<= p`` and
+      ``< n_keys``).
+    * **bytes**, per selected (token, block) pair: the token's query row read (``D`` elements of ``dtype_bytes``),
+      its partial output (``D`` float32) and log-sum-exp (one float32) written by the block's pass and read back by
+      the merge. Per token with at least one pair: its output written once (``D`` elements of ``dtype_bytes``). Per
+      (row, KV head, key block) with at least one pair from any head of the group: the block's K and V tiles read
+      once (``2 · keys · D`` elements of ``dtype_bytes``).
+    * **compulsory bytes**: q read once, the output written once and the K / V tiles read once, without the
+      per-pair partial outputs: what a fused kernel that merged in registers would move.
+
+    Without ``indices`` the kept blocks are not known: they are taken as CAB's rule guarantees them, the token's
+    own block (partly visible) plus ``counts - 1`` complete blocks before it; and every key block from the first
+    query's block to the last query's is counted as read per KV head (exact for prefill, where every block holds
+    queries that keep their own block; ``indices`` makes every count exact).
+
+    >>> counts = torch.tensor([[[1, 1, 2, 1]]])  # 4 tokens, blocks of 2: token 2 keeps block 0 and its own
+    >>> work = token_sparse_work(counts, block_size=2, head_dim=1, dtype_bytes=2, n_keys=4)
+    >>> work.pairs, work.flops  # keys seen: 1, 2, 2 + 1, 2
+    (5, 32.0)
+    """
+    if not isinstance(counts, torch.Tensor) or counts.dim() != 3 or counts.dtype.is_floating_point:
+        got = f"{counts.dtype} {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) else type(counts).__name__
+        raise ValueError(f"counts must be an integer (B, H, Nq) tensor, got {got}")
+    for name, value, minimum in (
+        ("block_size", block_size, 1),
+        ("head_dim", head_dim, 1),
+        ("dtype_bytes", dtype_bytes, 1),
+        ("n_keys", n_keys, 1),
+        ("q_offset", q_offset, 0),
+    ):
+        _check_positive_int(name, value, minimum)
+    batch, rows, n_q = counts.shape
+    if q_offset + n_q > n_keys:
+        raise ValueError(f"the queries must lie inside the keys: q_offset + Nq = {q_offset + n_q} > n_keys = {n_keys}")
+    heads = rows if heads is None else heads
+    kv_heads = heads if kv_heads is None else kv_heads
+    _check_positive_int("heads", heads)
+    _check_positive_int("kv_heads", kv_heads)
+    if heads % kv_heads:
+        raise ValueError(f"kv_heads must divide heads={heads}, got {kv_heads}")
+    if rows not in (heads, kv_heads):
+        raise ValueError(f"counts has {rows} heads; expected heads={heads} or kv_heads={kv_heads}")
+    per_row = heads // rows  # query heads each selection row stands for
+    m_k = math.ceil(n_keys / block_size)
+    device = counts.device
+    counts = counts.to(torch.int64)
+    positions = q_offset + torch.arange(n_q, device=device, dtype=torch.int64)  # (Nq,)
+    seen = torch.minimum(positions + 1, torch.tensor(n_keys, device=device))  # keys a token may see in all
+
+    if indices is None:
+        own = positions // block_size
+        own_keys = seen - own * block_size  # the partly visible own block
+        kept = counts.clamp_min(0)
+        keys = torch.where(kept > 0, (kept - 1) * block_size + own_keys, torch.zeros_like(kept))
+        first, last = int(own[0]), int(own[-1])
+        block_tokens = torch.clamp(n_keys - torch.arange(m_k, device=device) * block_size, max=block_size)
+        tile_tokens = int(block_tokens[first : last + 1].sum()) * batch * kv_heads
+        kv_tiles = (last - first + 1) * batch * kv_heads
+    else:
+        if not isinstance(indices, torch.Tensor) or indices.dim() != 4 or indices.shape[:3] != counts.shape:
+            got = tuple(indices.shape) if isinstance(indices, torch.Tensor) else type(indices).__name__
+            raise ValueError(f"indices must be (B, H, Nq, W) matching counts {tuple(counts.shape)}, got {got}")
+        valid = torch.arange(indices.shape[-1], device=device) < counts[..., None]
+        start = indices.to(torch.int64) * block_size
+        visible = (seen[:, None] - start).clamp(0, block_size)  # keys of each listed block the token may see
+        keys = (visible * valid).sum(-1)
+        # (row, KV head, block) tiles read: any selection row of the group lists the block
+        read = torch.zeros(batch, kv_heads, m_k + 1, dtype=torch.bool, device=device)
+        group = torch.arange(rows, device=device) // max(rows // kv_heads, 1)  # selection row -> KV head
+        target = torch.where(valid, indices.to(torch.int64), m_k)  # invalid slots land in a spare column
+        flat = read.view(batch, -1)
+        offsets = (group * (m_k + 1))[None, :, None, None]
+        flat.scatter_(1, (target + offsets).flatten(1), True)
+        read = read[..., :m_k]
+        block_tokens = torch.clamp(n_keys - torch.arange(m_k, device=device) * block_size, max=block_size)
+        tile_tokens = int((read.to(torch.int64) * block_tokens).sum())
+        kv_tiles = int(read.sum())
+
+    pairs = int(counts.clamp_min(0).sum()) * per_row
+    attended_keys = int(keys.sum()) * per_row
+    tokens = int((counts > 0).sum()) * per_row  # (row, head, token) outputs written
+    q_row, out_row, partial = head_dim * dtype_bytes, head_dim * dtype_bytes, 2 * (4 * head_dim + 4)
+    kv_bytes = 2 * head_dim * dtype_bytes * tile_tokens
+    return TokenSparseWork(
+        bytes=float(pairs * (q_row + partial) + tokens * out_row + kv_bytes),
+        flops=float(4 * head_dim * attended_keys),
+        compulsory_bytes=float(tokens * (q_row + out_row) + kv_bytes),
+        pairs=pairs,
+        kv_tiles=kv_tiles,
     )

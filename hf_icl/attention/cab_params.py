@@ -1,0 +1,132 @@
+"""CAB's hyperparameters: the ``cab_*`` fields of a model config, validated once (:class:`CABParams`).
+
+Its own module so that the attention function (:mod:`.cab`) and the decode cache (:mod:`.cab_cache`) both build on
+it without importing each other.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import asdict, dataclass
+
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ..kernels._common import BACKENDS
+from ..validation import check_choice, check_float, check_int
+from .token_selection import SCORES, TOKEN_POLICIES
+
+__all__ = ["BUDGETS", "CABParams", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
+
+NAME = "cab"
+#: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
+POLICIES = TOKEN_POLICIES
+BUDGETS = ("row", "topk")
+DECODE_MODES = ("sparse", "dense")
+#: values that earlier releases accepted and that cannot be causal, with why
+_NOT_CAUSAL = {
+    ("cab_budget", "global"): "one top-k over all rows lets later tokens change earlier tokens' blocks",
+    ("cab_policy", "reference"): (
+        "the document's selection scores future blocks; it is kept for analysis as "
+        "hf_icl.attention.reference_cab_v3_selection"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class CABParams:
+    """The ``cab_*`` fields of a model config, validated. Defaults apply to absent fields."""
+
+    sparsity: float = 0.9
+    block_size: int = 64
+    # the best measured on SmolLM2 passkey retrieval (docs/results/niah.md): magnitude ranking of mean-key scores
+    policy: str = "magnitude"
+    score: str = "mean"
+    lam: float = 0.5
+    budget: str = "row"
+    topk: int = 8
+    sink_blocks: int = 1
+    # 1: a token's own block is its local window; 2 adds the block before it (tokens early in their block then
+    # still see up to a block of local context: SmolLM2's perplexity at 90 % went 1.70× → 1.33× dense)
+    local_blocks: int = 1
+    min_seq_len: int = 1024
+    decode: str = "sparse"
+    magnitude_fraction: float = 0.5
+    backend: str = "auto"
+
+    def __post_init__(self):
+        if check_float("cab_sparsity", self.sparsity, low=0.0) >= 1:
+            raise ValueError(
+                f"cab_sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {self.sparsity}"
+            )
+        check_int("cab_block_size", self.block_size, low=16, high=128)
+        if self.block_size & (self.block_size - 1):
+            raise ValueError(f"cab_block_size must be a power of two in [16, 128], got {self.block_size}")
+        for field, value in (("cab_policy", self.policy), ("cab_budget", self.budget)):
+            if (field, value) in _NOT_CAUSAL:
+                allowed = POLICIES if field == "cab_policy" else BUDGETS
+                raise ValueError(
+                    f"{field}={value!r} is not causal ({_NOT_CAUSAL[field, value]}); allowed: {', '.join(allowed)}"
+                )
+        check_choice("cab_policy", self.policy, POLICIES)
+        check_choice("cab_score", self.score, SCORES)
+        check_float("cab_lambda", self.lam, low=0.0)
+        check_choice("cab_budget", self.budget, BUDGETS)
+        check_int("cab_topk", self.topk, low=1)
+        check_int("cab_sink_blocks", self.sink_blocks, low=0)
+        check_int("cab_local_blocks", self.local_blocks, low=1)
+        check_int("cab_min_seq_len", self.min_seq_len, low=0)
+        check_choice("cab_decode", self.decode, DECODE_MODES)
+        check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
+        check_choice("cab_backend", self.backend, BACKENDS)
+
+    def selection_rule(self) -> dict:
+        """The fields of the per-token selection rule (:func:`.token_selection.apply_selection_rule`'s keywords)."""
+        names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
+        return {name: getattr(self, name) for name in (*names, "lam", "magnitude_fraction")}
+
+    @classmethod
+    def from_config(cls, config) -> CABParams:
+        """The validated ``cab_*`` fields of ``config``; a ``cab_*`` attribute CAB does not know (a typo such as
+        ``config.cab_sparsty = 0.5``, which would otherwise run with the default) raises ``ValueError``."""
+        defaults = cls.__dataclass_fields__
+        stray = [key for key in getattr(config, "__dict__", {}) if key.startswith("cab_") and key not in _CONFIG_FIELDS]
+        if stray:
+            raise ValueError(_unknown_message("model.config has an unknown CAB field", stray, sorted(_CONFIG_FIELDS)))
+        return cls(**{name: getattr(config, config_field(name), defaults[name].default) for name in defaults})
+
+    def to_config_fields(self) -> dict:
+        return {config_field(name): value for name, value in asdict(self).items()}
+
+
+def config_field(name: str) -> str:
+    return "cab_lambda" if name == "lam" else f"cab_{name}"
+
+
+#: the ``cab_*`` config fields, one per :class:`CABParams` field
+_CONFIG_FIELDS = frozenset(config_field(name) for name in CABParams.__dataclass_fields__)
+
+
+def _unknown_message(what: str, unknown: list[str], allowed: list[str]) -> str:
+    """``{what} 'x'; did you mean 'y'?`` for each unknown name, then the allowed names."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
+        parts.append(f"{what} {name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+    return "; ".join(parts) + f"; allowed: {', '.join(allowed)}"
+
+
+#: config object → (its cab_* fields when last parsed, the CABParams parsed from them)
+_PARSED: WeakIdKeyDictionary = WeakIdKeyDictionary()
+
+
+def cab_params_of(config) -> CABParams:
+    """:meth:`CABParams.from_config`, parsed once per config and again only when a ``cab_*`` field changes (every
+    layer of every decode step asks)."""
+    fields = tuple(sorted((k, v) for k, v in getattr(config, "__dict__", {}).items() if k.startswith("cab_")))
+    try:
+        held = _PARSED.get(config)
+    except TypeError:  # an object weak references cannot point at (a plain namespace): parse every time
+        return CABParams.from_config(config)
+    if held is None or held[0] != fields:
+        held = _PARSED[config] = (fields, CABParams.from_config(config))
+    return held[1]

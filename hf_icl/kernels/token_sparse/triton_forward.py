@@ -1,0 +1,507 @@
+"""Per-token block-sparse causal attention, forward, in Triton: key-block-major work, log-sum-exp merge (MoBA style).
+
+Every query token ``(b, h, t)`` attends the keys of its own list of key blocks (``indices``/``counts``, as
+:func:`hf_icl.kernels.token_selection_triton.select_token_blocks_triton` returns them), with causality at token
+level (key position ≤ query position ``q_offset + t``) and, with ``lengths``, only the row's real keys.
+
+Why key-block-major (MoBA, arXiv 2502.13189). Each token has its own selection, so a query-block-major kernel (the
+block-sparse kernel of :mod:`hf_icl.kernels.block_sparse_attention`) would have to take the union of a query tile's
+blocks and mask per token: its work follows the union, not the selection. Here the work follows the selected
+(token, block) pairs exactly:
+
+1. **Work list** (:mod:`.triton_pairs`, torch ops on the device, no host sync): live pairs are sorted (stably) by
+   their KV block ``(b, h // g, j)``, so the pairs of one K / V tile from all ``g`` query heads of its group are
+   adjacent; each block's list is cut into work items of at most ``BLOCK_M`` pairs. The grid is a host-side upper
+   bound on the number of items, ``min(P, NB + ceil(P / BLOCK_M))`` (``P = B·H·Nq·W`` slots, ``NB = B·Hk·Mk``
+   KV blocks); surplus programs read an empty range from the device tables and return.
+2. **Partial attention** (:func:`_token_sparse_fwd_kernel`, one program per item): the K and V tiles of the item's
+   block are loaded once (``block_size × D``), the item's query rows are gathered (each pair id decodes to its
+   ``(b, h, t, slot)``), ``S = q·kᵀ·scale`` in float32 via ``tl.dot``, masked (key after the query, key past ``Nk``
+   or the row's length), and the block-local softmax gives the normalised partial output ``o_s`` (float32) and
+   ``lse_s = m + log Σ exp(S − m)``, written at the pair's slot in ``(B, H, Nq, W, D)`` / ``(B, H, Nq, W)``
+   buffers (the pair id *is* that row-major slot index).
+3. **Merge** (:func:`_token_sparse_merge_kernel`, one program per (b, h, tile of tokens)): over the token's
+   ``counts`` slots, an online log-sum-exp combine ``LSE = logsumexp_s lse_s``,
+   ``out = Σ_s exp(lse_s − LSE) o_s``; written in q's dtype, ``LSE`` in float32. Slots that are not live (a block
+   wholly after the query, a padded query) keep the ``-inf`` the partial-LSE buffer is filled with and weigh 0; a
+   token with no live slot (``counts == 0``, a query at or past its row's length) gets zeros and ``-inf``.
+
+The softmax runs in base 2 (``log2(e)`` folded into the scale), all scores, statistics, partial outputs and the merge
+in float32. On a GPU the dots take native fp16 / bf16 operands (float32 accumulation; the probabilities are cast to
+the value dtype for ``P·V``, as FlashAttention does) and IEEE float32 for float32 inputs (``input_precision="ieee"``:
+no TF32). Under ``TRITON_INTERPRET=1`` (triton 3.9) bf16 dots return garbage, so the launcher sets ``UPCAST_DOT`` and
+every dot operand is cast to float32 first.
+
+Why not something else. A query-major online softmax over a token's blocks would gather a different K / V tile for
+every token (no reuse across the tokens and heads that chose the same block); the slot layout trades memory
+(``B·H·Nq·W·(D + 1)`` float32 partials, i.e. ``W`` times a float32 output) for reading each K / V tile once per
+``BLOCK_M`` pairs and a deterministic, atomic-free forward. The partial buffers are the cost to watch at long
+contexts and wide selections.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .._common import (
+    check_attention_tensor,
+    check_kernel_runnable,
+    check_matches_query,
+    check_scaling,
+    is_interpreted,
+    tl,
+    triton,
+)
+from .triton_pairs import PairList, build_pair_list, cut_work_items
+
+__all__ = [
+    "BLOCK_SIZES",
+    "HEAD_DIMS",
+    "backward_tiles",
+    "forward_tiles",
+    "token_sparse_forward_triton",
+    "validate_token_sparse",
+]
+
+BLOCK_SIZES = (16, 32, 64, 128)
+HEAD_DIMS = (16, 32, 64, 128)
+INDEX_DTYPES = (torch.int32, torch.int64)
+LENGTH_DTYPES = (torch.int32, torch.int64)
+LOG2_E = 1.4426950408889634
+MERGE_TOKENS = 16  # tokens per merge program
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Tile configurations (untuned guesses for sm_90 until a GPU benchmark)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def forward_tiles(n_q: int, group: int, block_size: int, head_dim: int) -> dict[str, int]:
+    """``BLOCK_M`` (pairs per item) and launch options of the forward kernel.
+
+    ``BLOCK_M`` is the number of pairs one KV block can have at most (``g · Nq``: a decode step's group) rounded up
+    to a power of two, clamped to [16, 64] (``tl.dot`` needs 16 rows). A program holds Q ``(BLOCK_M, D)``, K and V
+    ``(block_size, D)`` and S ``(BLOCK_M, block_size)``: at most 64·128 + 2·128·128 elements at D = block = 128
+    (80 KiB in bf16, 160 KiB in float32 shared memory, within an H100's 227 KiB).
+
+        >>> forward_tiles(1, 4, 64, 128)
+        {'BLOCK_M': 16, 'num_warps': 4, 'num_stages': 1}
+    """
+    block_m = min(64, max(16, _next_power_of_2(n_q * group)))
+    big = block_m * block_size >= 64 * 64 and head_dim >= 64 or block_size * head_dim >= 128 * 128
+    return {"BLOCK_M": block_m, "num_warps": 8 if big else 4, "num_stages": 1}
+
+
+def backward_tiles(n_q: int, group: int, block_size: int, head_dim: int) -> dict[str, int]:
+    """``BLOCK_M`` and launch options of the backward kernel, which holds Q, dO ``(BLOCK_M, D)``, K, V
+    ``(block_size, D)``, S / P / dP ``(BLOCK_M, block_size)`` and three float32 products: at most 32 pairs per item
+    when ``block_size · D`` exceeds 64 · 128.
+
+        >>> backward_tiles(512, 2, 128, 128)
+        {'BLOCK_M': 32, 'num_warps': 8, 'num_stages': 1}
+    """
+    cap = 64 if block_size * head_dim <= 64 * 128 else 32
+    block_m = min(cap, max(16, _next_power_of_2(n_q * group)))
+    big = block_size * head_dim >= 64 * 64
+    return {"BLOCK_M": block_m, "num_warps": 8 if big else 4, "num_stages": 1}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Validation
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _describe(x) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return repr(x) if x is None else type(x).__name__
+
+
+def validate_token_sparse(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int,
+    lengths: torch.Tensor | None,
+    check_values: bool = True,
+) -> None:
+    """Raise ``ValueError`` naming the argument, the value and what is allowed.
+
+    Shapes, dtypes, devices and scalars need no device read; ``check_values`` adds the value ranges (``0 <= counts
+    <= W``, valid entries of ``indices`` strictly ascending in ``[0, Mk)``, ``0 <= lengths <= Nk``) in one sync.
+    """
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_attention_tensor(name, x)
+    check_matches_query(q, "k", k, grouped=True)
+    check_matches_query(q, "v", v, grouped=True)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
+    if q.shape[3] not in HEAD_DIMS:
+        raise ValueError(f"head_dim (q.shape[3]) must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in BLOCK_SIZES:
+        raise ValueError(f"block_size must be one of {list(BLOCK_SIZES)}, got {block_size!r}")
+    check_scaling(scaling)
+    batch, heads, n_q, _ = q.shape
+    n_k = k.shape[2]
+    if isinstance(q_offset, bool) or not isinstance(q_offset, int) or not 0 <= q_offset <= n_k - n_q:
+        raise ValueError(
+            f"q_offset must be an int in [0, Nk - Nq] = [0, {n_k - n_q}] (query t sits at key position "
+            f"q_offset + t), got {q_offset!r} with Nq={n_q}, Nk={n_k}"
+        )
+    for name, x, rank, shape in (
+        ("indices", indices, 4, "(B, H, Nq, W)"),
+        ("counts", counts, 3, "(B, H, Nq)"),
+    ):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{name}.dtype must be one of {[str(d) for d in INDEX_DTYPES]}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
+        if x.dim() != rank or tuple(x.shape[:3]) != (batch, heads, n_q):
+            raise ValueError(
+                f"{name} must have shape {shape} with (B, H, Nq)={(batch, heads, n_q)}, got {tuple(x.shape)}"
+            )
+    width = indices.shape[3]
+    if width < 1:
+        raise ValueError(f"indices must have at least one slot (dim 3, W >= 1), got shape {tuple(indices.shape)}")
+    if lengths is not None:
+        if not isinstance(lengths, torch.Tensor) or lengths.dtype not in LENGTH_DTYPES or tuple(lengths.shape) != (
+            batch,
+        ):
+            raise ValueError(f"lengths must be None or an int32 / int64 tensor of shape (B,)=({batch},), got "
+                             f"{_describe(lengths)}")
+        if lengths.device != q.device:
+            raise ValueError(f"q and lengths must be on the same device, got {q.device} and {lengths.device}")
+    if not check_values:
+        return
+    mk = math.ceil(n_k / block_size)
+    cnt = counts.to(torch.int64)
+    idx = indices.to(torch.int64)
+    valid = torch.arange(width, device=q.device) < cnt[..., None]
+    out_of_range = valid & ((idx < 0) | (idx >= mk))
+    not_ascending = valid[..., 1:] & (idx[..., 1:] <= idx[..., :-1])
+    flags = [
+        ((cnt < 0) | (cnt > width)).any(),
+        out_of_range.any(),
+        not_ascending.any(),
+        ((lengths < 0) | (lengths > n_k)).any() if lengths is not None else torch.zeros((), dtype=torch.bool),
+    ]
+    bad_counts, bad_range, bad_order, bad_lengths = torch.stack([f.to(q.device) for f in flags]).tolist()
+    if bad_counts:
+        raise ValueError(
+            f"counts must lie in [0, W] = [0, {width}], got values in [{int(cnt.min())}, {int(cnt.max())}]"
+        )
+    if bad_range:
+        bad = idx[out_of_range]
+        raise ValueError(
+            f"indices: the first counts entries must be key block ids in [0, Mk) = [0, {mk}) (Nk={n_k}, "
+            f"block_size={block_size}), got values in [{int(bad.min())}, {int(bad.max())}]"
+        )
+    if bad_order:
+        raise ValueError("indices: the first counts entries of each query must be strictly ascending block ids")
+    if bad_lengths:
+        raise ValueError(
+            f"lengths must lie in [0, Nk] = [0, {n_k}], got values in [{int(lengths.min())}, {int(lengths.max())}]"
+        )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Kernels
+# ----------------------------------------------------------------------------------------------------------------
+
+_token_sparse_fwd_kernel = None
+_token_sparse_merge_kernel = None
+
+if triton is not None:
+
+    @triton.jit
+    def _token_sparse_fwd_kernel(
+        q,
+        k,
+        v,
+        partial_o,
+        partial_lse,
+        order,
+        item_kvb,
+        item_start,
+        item_end,
+        lengths,
+        heads,
+        kv_heads,
+        n_q,
+        width,
+        n_k,
+        mk,
+        q_offset,
+        qk_scale,
+        sq_b,
+        sq_h,
+        sq_t,
+        sq_d,
+        sk_b,
+        sk_h,
+        sk_n,
+        sk_d,
+        sv_b,
+        sv_h,
+        sv_n,
+        sv_d,
+        sl_b,
+        BS: tl.constexpr,
+        BLOCK_M: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        UPCAST_DOT: tl.constexpr,
+        HAS_LENGTHS: tl.constexpr,
+    ):
+        """One work item: up to ``BLOCK_M`` pairs of one KV block → their normalised partial outputs and LSEs."""
+        item = tl.program_id(0)
+        start = tl.load(item_start + item)
+        end = tl.load(item_end + item)
+        if start >= end:  # a surplus program of the upper-bound grid
+            return
+        kvb = tl.load(item_kvb + item)
+        j = kvb % mk
+        kv_row = kvb // mk
+        hk = kv_row % kv_heads
+        b = kv_row // kv_heads
+
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        pid = tl.load(order + rows, mask=row_ok, other=0)  # int64 pair ids = slot index in (B, H, Nq, W)
+        t = (pid // width) % n_q
+        h = (pid // (width * n_q)) % heads
+        q_pos = q_offset + t
+        cols = tl.arange(0, BLOCK_D)
+        q_ptrs = q + b * sq_b + h[:, None] * sq_h + t[:, None] * sq_t + cols[None, :] * sq_d
+        q_tile = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+
+        k_pos = j * BS + tl.arange(0, BS)
+        if HAS_LENGTHS:
+            key_end = tl.minimum(tl.load(lengths + b * sl_b).to(tl.int64), n_k)
+        else:
+            key_end = n_k
+        k_ok = k_pos < key_end
+        k_tile = tl.load(
+            k + b * sk_b + hk * sk_h + k_pos[:, None] * sk_n + cols[None, :] * sk_d, mask=k_ok[:, None], other=0.0
+        )
+        v_tile = tl.load(
+            v + b * sv_b + hk * sv_h + k_pos[:, None] * sv_n + cols[None, :] * sv_d, mask=k_ok[:, None], other=0.0
+        )
+        if UPCAST_DOT:
+            q_tile = q_tile.to(tl.float32)
+            k_tile = k_tile.to(tl.float32)
+            v_tile = v_tile.to(tl.float32)
+
+        s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale  # float32, base-2 logits
+        allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s = tl.where(allowed, s, float("-inf"))
+        m = tl.max(s, axis=1)
+        m_use = tl.where(m == float("-inf"), 0.0, m)  # a row with no key: exp2(-inf - 0) = 0, no NaN
+        p = tl.exp2(s - m_use[:, None])
+        l_sum = tl.sum(p, axis=1)
+        if UPCAST_DOT:
+            o = tl.dot(p, v_tile, input_precision="ieee")
+        else:
+            o = tl.dot(p.to(v_tile.dtype), v_tile, input_precision="ieee")
+        seen = l_sum > 0
+        l_safe = tl.where(seen, l_sum, 1.0)
+        o = o / l_safe[:, None]
+        lse = tl.where(seen, (m_use + tl.log2(l_safe)) * 0.6931471805599453, float("-inf"))  # natural log
+        tl.store(partial_o + pid[:, None] * BLOCK_D + cols[None, :], o, mask=row_ok[:, None])
+        tl.store(partial_lse + pid, lse, mask=row_ok)
+
+    @triton.jit
+    def _round_to_bfloat16(x):
+        """float32 → the nearest bfloat16 value (ties to even), still float32: the interpreter's float32 → bf16 cast
+        truncates (triton 3.9), so under it the merge rounds first and the cast is then exact. Finite inputs only."""
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + (0x7FFF + ((bits >> 16) & 1))) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+
+    @triton.jit
+    def _token_sparse_merge_kernel(
+        partial_o,
+        partial_lse,
+        counts,
+        out,
+        lse,
+        heads,
+        n_q,
+        width,
+        sc_b,
+        sc_h,
+        sc_t,
+        so_b,
+        so_h,
+        so_t,
+        so_d,
+        BLOCK_T: tl.constexpr,
+        BLOCK_D: tl.constexpr,
+        ROUND_BF16: tl.constexpr,
+    ):
+        """A tile of tokens of one (b, h): log-sum-exp merge of their slots' partial results."""
+        tile = tl.program_id(0)
+        bh = tl.program_id(1).to(tl.int64)
+        b = bh // heads
+        h = bh % heads
+        t = tile * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = t < n_q
+        cnt = tl.load(counts + b * sc_b + h * sc_h + t.to(tl.int64) * sc_t, mask=t_ok, other=0)
+        cnt = tl.minimum(cnt, width)
+        n_slots = tl.max(cnt, axis=0)
+        first = (bh * n_q + t) * width  # pair id of the token's slot 0
+        cols = tl.arange(0, BLOCK_D)
+        m = tl.full([BLOCK_T], float("-inf"), tl.float32)
+        l_sum = tl.zeros([BLOCK_T], tl.float32)
+        acc = tl.zeros([BLOCK_T, BLOCK_D], tl.float32)
+        for s in range(0, n_slots):
+            ok = t_ok & (s < cnt)
+            lse_s = tl.load(partial_lse + first + s, mask=ok, other=float("-inf"))
+            live = lse_s > float("-inf")
+            o_s = tl.load(partial_o + (first + s)[:, None] * BLOCK_D + cols[None, :], mask=live[:, None], other=0.0)
+            m_new = tl.maximum(m, lse_s)
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+            alpha = tl.exp(m - m_use)
+            w = tl.exp(lse_s - m_use)
+            l_sum = l_sum * alpha + w
+            acc = acc * alpha[:, None] + w[:, None] * o_s
+            m = m_new
+        seen = l_sum > 0
+        l_safe = tl.where(seen, l_sum, 1.0)
+        result = acc / l_safe[:, None]
+        if ROUND_BF16:
+            result = _round_to_bfloat16(result)
+        total = tl.where(seen, tl.where(m == float("-inf"), 0.0, m) + tl.log(l_safe), float("-inf"))
+        out_ptrs = out + b * so_b + h * so_h + t[:, None].to(tl.int64) * so_t + cols[None, :] * so_d
+        tl.store(out_ptrs, result.to(out.dtype.element_ty), mask=t_ok[:, None])
+        tl.store(lse + bh * n_q + t, total, mask=t_ok)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Launchers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _lengths_operand(lengths: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+    """The kernels' lengths operand; a one-element placeholder when there is none (unread)."""
+    if lengths is None:
+        return torch.zeros(1, dtype=torch.int32, device=q.device)
+    return lengths
+
+
+def _forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int,
+    lengths: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, PairList]:
+    """Build the work list, run the partial and merge kernels: ``(out, lse, pairs)`` (no validation)."""
+    batch, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    width = indices.shape[3]
+    group = heads // kv_heads
+    device = q.device
+    pairs = build_pair_list(
+        indices, counts, kv_heads=kv_heads, n_keys=n_k, block_size=block_size, q_offset=q_offset, lengths=lengths
+    )
+    tiles = forward_tiles(n_q, group, block_size, head_dim)
+    items = cut_work_items(pairs, tiles.pop("BLOCK_M"))
+    n_pairs = batch * heads * n_q * width
+    partial_o = torch.empty(n_pairs, head_dim, dtype=torch.float32, device=device)
+    partial_lse = torch.full((n_pairs,), float("-inf"), dtype=torch.float32, device=device)
+    length_op = _lengths_operand(lengths, q)
+    interpreted = is_interpreted(_token_sparse_fwd_kernel)
+    _token_sparse_fwd_kernel[(items.n_items,)](
+        q,
+        k,
+        v,
+        partial_o,
+        partial_lse,
+        pairs.order,
+        items.kvb,
+        items.start,
+        items.end,
+        length_op,
+        heads,
+        kv_heads,
+        n_q,
+        width,
+        n_k,
+        math.ceil(n_k / block_size),
+        q_offset,
+        float(scaling) * LOG2_E,
+        *q.stride(),
+        *k.stride(),
+        *v.stride(),
+        length_op.stride(0),
+        BS=block_size,
+        BLOCK_M=items.block_m,
+        BLOCK_D=head_dim,
+        UPCAST_DOT=interpreted,
+        HAS_LENGTHS=lengths is not None,
+        **tiles,
+    )
+    out = torch.empty(batch, heads, n_q, head_dim, dtype=q.dtype, device=device)
+    lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=device)
+    _token_sparse_merge_kernel[(math.ceil(n_q / MERGE_TOKENS), batch * heads)](
+        partial_o,
+        partial_lse,
+        counts,
+        out,
+        lse,
+        heads,
+        n_q,
+        width,
+        *counts.stride(),
+        *out.stride(),
+        BLOCK_T=MERGE_TOKENS,
+        BLOCK_D=head_dim,
+        ROUND_BF16=interpreted and q.dtype == torch.bfloat16,
+        num_warps=4 if head_dim >= 64 else 2,
+    )
+    return out, lse, pairs
+
+
+def token_sparse_forward_triton(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    indices: torch.Tensor,
+    counts: torch.Tensor,
+    *,
+    block_size: int,
+    scaling: float,
+    q_offset: int = 0,
+    lengths: torch.Tensor | None = None,
+    validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token block-sparse causal attention, forward only: ``(out (B, H, Nq, D) in q's dtype, lse (B, H, Nq)
+    float32)``. See :func:`hf_icl.kernels.token_sparse.triton_backward.token_sparse_attention_triton` for the
+    arguments; ``validate=False`` skips every check (and with it the one device sync of the value checks)."""
+    if validate:
+        validate_token_sparse(
+            q, k, v, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset, lengths=lengths
+        )
+    check_kernel_runnable(_token_sparse_fwd_kernel, q, "token_sparse_forward_triton")
+    out, lse, _ = _forward(
+        q, k, v, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset, lengths=lengths
+    )
+    return out, lse
