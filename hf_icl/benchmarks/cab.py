@@ -46,11 +46,13 @@ from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.cab_cache import CABCache
 from hf_icl.attention.token_selection import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
-from hf_icl.kernels.block_sparse_reference import selected_block_indices, token_sparse_attention
+from hf_icl.kernels.block_sparse_reference import selected_block_indices
 from hf_icl.kernels.coarsen import coarsen_max_l2
 from hf_icl.kernels.roofline import H100_SXM, DevicePeaks, block_sparse_floor, dense_causal_floor
+from hf_icl.kernels.token_sparse import token_sparse_attention
 
 from ..options import OptionParser
+from . import cab_pairs
 from .timing import emit_markdown, median_seconds
 
 GPU_DEFAULTS = {
@@ -551,6 +553,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         help="device dense matrix FLOP/s for the roofline (default: H100 SXM bf16, 9.9e14)",
     )
     parser.add_argument("--output", default=None, help="append the markdown to this file")
+    cab_pairs.add_options(parser)
     args = parser.parse_args(argv)
     defaults = dict(SMOKE if args.smoke else GPU_DEFAULTS if args.device == "cuda" else CPU_DEFAULTS)
     explicit = {name for name in defaults if any(a.startswith("--" + name.replace("_", "-")) for a in argv)}
@@ -569,6 +572,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error(f"--peak-bandwidth / --peak-flops: {error}")
     if args.device.type == "cpu" and not args.smoke:
         args.flex = False  # compiled FlexAttention is a GPU baseline
+    problem = cab_pairs.configure(args, argv)
+    if problem:
+        parser.error(problem)
     return args
 
 
@@ -585,18 +591,25 @@ def main(argv: list[str] | None = None) -> str:
     ]
     # each section is written as soon as it is measured, so a run cut short keeps what it finished
     report = [emit_markdown(header, args.output)]
-    report.append(
-        emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
-    )
-    flex = _compiled_flex(args) if args.flex else None
-    fused_selection = args.device.type == "cuda" or (args.smoke and use_kernel)  # a CPU runs it interpreted only
-    for shape in args.shapes:
-        report.append(emit_markdown(attention_section(args, shape, use_kernel, flex), args.output))
-        report.append(emit_markdown(selection_section(args, shape, fused_selection), args.output))
+    if args.pairs_only:
+        report += [emit_markdown(lines, args.output) for lines in cab_pairs.pairs_sections(args)]
+        return "\n".join(report)
+    # the registered call against SDPA first (the numbers that decide), the older per-kernel sections last
+    if args.pairs:
+        report += [emit_markdown(lines, args.output) for lines in cab_pairs.pairs_sections(args)]
     if args.model_lengths:
         report.append(emit_markdown(model_prefill_section(args), args.output))
     if args.cache_lengths:
         report.append(emit_markdown(decode_section(args), args.output))
+    fused_selection = args.device.type == "cuda" or (args.smoke and use_kernel)  # a CPU runs it interpreted only
+    for shape in args.shapes:
+        report.append(emit_markdown(selection_section(args, shape, fused_selection), args.output))
+    report.append(
+        emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
+    )
+    flex = _compiled_flex(args) if args.flex else None
+    for shape in args.shapes:
+        report.append(emit_markdown(attention_section(args, shape, use_kernel, flex), args.output))
     return "\n".join(report)  # as the file holds it: each section after a blank line
 
 

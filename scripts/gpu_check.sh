@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# CAB on one GPU in one call (budget: under 8 minutes on an H100/H200): the environment, the kernel tests on CUDA,
+# then `hf-icl bench cab --device cuda` at 8k and 32k tokens (kernels, CAB end to end vs flash SDPA, the pairs
+# section, decode at 16k), every table written under OUT_DIR. Each step has its own time limit, so a slow step
+# cannot eat the others' time; the script goes on after a failed step and exits non-zero at the end.
+#
+#   bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine (python3 with torch, triton, transformers)
+#   bash scripts/gpu_check.sh --dry-run OUT_DIR  # the same steps at tiny sizes on CPU (TRITON_INTERPRET=1; CI runs it)
+#
+# Record the tables in docs/results/cab.md with the date and the card.
+set -uo pipefail
+dry=0
+if [[ "${1:-}" == "--dry-run" ]]; then
+    dry=1
+    shift
+fi
+out=${1:?usage: gpu_check.sh [--dry-run] OUT_DIR}
+mkdir -p "$out"
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+failed=()
+
+step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/NAME.log, remember failures
+    local name=$1 limit=$2
+    shift 2
+    echo "== $name (limit ${limit}s): $*"
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$out/$name.log" 2>&1
+    local rc=$?
+    tail -n 25 "$out/$name.log"
+    echo "== $name: exit $rc after $((SECONDS - start)) s"
+    ((rc == 0)) || failed+=("$name")
+}
+
+kernel_tests=(tests/test_token_sparse_triton.py tests/test_cab_kernels.py tests/test_kernels_block_sparse_decode.py)
+more_tests=(tests/test_token_selection_triton.py tests/test_cab_attention.py tests/test_cab_causality.py)
+if ((dry)); then
+    export TRITON_INTERPRET=1 OMP_NUM_THREADS=1
+    step environment 60 "$python" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
+    step kernel_tests 300 "$python" -m pytest -q -x -p no:cacheprovider tests/test_cab_kernels.py -k "route_table or actually_taken"
+    step bench 300 "$python" -m hf_icl.cli bench cab --smoke --lengths 64 --sparsities 0.9 --output "$out/cab_bench.md"
+else
+    step environment 60 "$python" -c "
+import torch, triton, transformers
+print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)
+p = torch.cuda.get_device_properties(0)
+print(p.name, p.multi_processor_count, 'SMs', round(p.total_memory / 2**30), 'GiB')"
+    step kernel_tests 150 "$python" -m pytest -q -x -n 8 -p no:cacheprovider "${kernel_tests[@]}"
+    step bench 270 "$python" -m hf_icl.cli bench cab --device cuda --lengths 8192 32768 --shapes 1,12,64 \
+        --sparsities 0.9 0.95 --pairs-lengths 8192 16384 32768 --pairs-sparsities 0.9 0.95 \
+        --model-lengths 8192 32768 --cache-lengths 16384 --model-layers 12 --no-flex \
+        --repeats 10 --warmup 3 --output "$out/cab_bench.md"
+    step more_tests 90 "$python" -m pytest -q -n 8 -p no:cacheprovider "${more_tests[@]}"
+fi
+if ((${#failed[@]})); then
+    echo "failed steps: ${failed[*]}"
+    exit 1
+fi
+echo "all steps passed"
