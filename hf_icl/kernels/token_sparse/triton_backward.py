@@ -181,7 +181,7 @@ def _backward(
         delta = delta - dlse.float()
     delta = delta.contiguous()
     lse = lse.contiguous()
-    tiles = backward_tiles(n_q, heads // kv_heads, block_size, head_dim)
+    tiles = backward_tiles(n_q, heads // kv_heads, block_size, head_dim, q.element_size())
     items = cut_work_items(pairs, tiles.pop("BLOCK_M"))
     dq = torch.zeros(batch, heads, n_q, head_dim, dtype=torch.float32, device=device)
     dk = torch.zeros(batch, kv_heads, n_k, head_dim, dtype=torch.float32, device=device)

@@ -37,8 +37,8 @@ class PairList:
 
     Attributes:
         order: int64 ``(P,)``, ``P = B * H * Nq * W``: pair ids sorted by KV block (stable), dead pairs last.
-        bounds: int64 ``(NB + 1,)``, ``NB = B * Hk * Mk``: block ``kvb``'s pairs are ``order[bounds[kvb]:bounds[kvb+1]]``
-            (``bounds[NB]`` is the number of live pairs).
+        bounds: int64 ``(NB + 1,)``, ``NB = B * Hk * Mk``: block ``kvb``'s pairs are
+            ``order[bounds[kvb]:bounds[kvb+1]]`` (``bounds[NB]`` is the number of live pairs).
         n_blocks: ``NB``, the number of KV blocks (host int, from the shapes).
     """
 
