@@ -56,7 +56,13 @@ from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's
     cab_params_of,
     config_field,
 )
-from .token_selection import SCORES, select_token_blocks, select_token_blocks_fused, token_block_selector  # noqa: F401
+from .token_selection import (  # noqa: F401  (SCORES: re-exported)
+    SCORES,
+    fused_block_selector,
+    select_token_blocks,
+    select_token_blocks_fused,
+    token_block_selector,
+)
 
 ROUTES = ("dense", "torch", "triton_prefill", "triton_decode")
 
@@ -204,27 +210,52 @@ def _kernel_selection(query, key, params: CABParams, scaling) -> tuple[torch.Ten
     return select_token_blocks_fused(query, key, scaling=scaling, score=params.score, **params.selection_rule())
 
 
+#: bound on one range's kernel buffers (fp32 partial outputs of every (token, kept block) pair and the selection)
+_KERNEL_RANGE_BYTES = 1 << 30
+
+
 def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) -> torch.Tensor:
-    """The key-block-major kernels; a padded prefill runs on its real tokens moved to the front of each row (the
-    selection on them is each row's own, since blocks are laid over real tokens), then is moved back."""
+    """The key-block-major kernels, query range by query range (each range's partial results and selection are
+    bounded by ``_KERNEL_RANGE_BYTES``; the key summaries are computed once). A padded prefill runs on its real
+    tokens moved to the front of each row (the selection on them is each row's own, since blocks are laid over real
+    tokens), then is moved back."""
     n_q, n_k = query.shape[2], key.shape[2]
+    q_offset = n_k - n_q
     lengths = None
     if key_valid is not None:
         _, key_index, lengths = real_positions(key_valid, n_q, n_k, query.device)
         query, key, value = (_gather_tokens(x, key_index) for x in (query, key, value))
-    indices, counts = _kernel_selection(query, key, params, scaling)
-    out = token_sparse_attention_triton(
-        query,
-        key,
-        value,
-        indices,
-        counts,
-        block_size=params.block_size,
-        scaling=scaling,
-        q_offset=n_k - n_q,
-        lengths=lengths,
-        validate=False,
-    )
+    cached = cached_block_indices(query, key, params, scaling)
+    select = None
+    if cached is None:
+        select = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
+    batch, heads, _, dim = query.shape
+    width, n_blocks = _width(params, n_k), -(-n_k // params.block_size)
+    per_token = batch * heads * (width * (dim + 1) * 4 + n_blocks)
+    step = max(params.block_size, _KERNEL_RANGE_BYTES // per_token // params.block_size * params.block_size)
+    pieces = []
+    for start in range(0, n_q, step):
+        stop = min(n_q, start + step)
+        end = q_offset + stop  # keys up to the range's last query
+        if cached is not None:
+            indices, counts = (x[:, :, start:stop] for x in cached)
+        else:
+            indices, counts = select(query[:, :, start:stop], end)
+        pieces.append(
+            token_sparse_attention_triton(
+                query[:, :, start:stop],
+                key[:, :, :end],
+                value[:, :, :end],
+                indices,
+                counts,
+                block_size=params.block_size,
+                scaling=scaling,
+                q_offset=q_offset + start,
+                lengths=lengths,
+                validate=False,
+            )
+        )
+    out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
     if key_valid is None:
         return out
     real_index = (key_valid.long().cumsum(-1) - 1).clamp_min(0)  # where each position's token went

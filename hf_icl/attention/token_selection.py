@@ -55,6 +55,7 @@ __all__ = [
     "token_block_scores",
     "token_block_selector",
     "select_token_blocks_fused",
+    "fused_block_selector",
     "token_block_mass",
     "token_frc_scores",
 ]
@@ -373,22 +374,52 @@ def selection_backend(
 def select_token_blocks_fused(query, key, *, scaling, score, **rule) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused kernel's selection as block lists ``(indices, counts)`` (see
     :func:`~hf_icl.kernels.token_selection_triton.select_token_blocks_triton`), no host sync."""
-    _, indices, counts = _select_fused(query, key, scaling=scaling, score=score, return_indices=True, **rule)
-    return indices, counts
+    return fused_block_selector(key, scaling=scaling, score=score, **rule)(query, key.shape[2])
 
 
-def _select_fused(query, key, *, scaling, score, return_indices=False, **rule):
-    """The fused kernel on the summaries (and, for FRC, the per-KV-head hop matrix) the reference would use."""
-    summaries = hop = None
+def fused_block_selector(key, *, scaling, score, **rule):
+    """The fused kernel one query range at a time: returns ``select(query_range, n_keys)`` → ``(indices, counts)``
+    for queries that are the last of the first ``n_keys`` positions. The key-block summaries (and FRC's hop matrix)
+    are computed once for all of ``key`` and sliced per range: a block's summary and a hop row depend on that
+    block's keys and earlier blocks only."""
+    summaries, hop = _fused_inputs(key, scaling, score, rule)
+    block_size = rule["block_size"]
+
+    def select(query, n_keys: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n_blocks = -(-n_keys // block_size)
+        _, indices, counts = select_token_blocks_triton(
+            query,
+            None if summaries is None else tuple(x[:, :, :n_blocks] for x in summaries),
+            n_keys=n_keys,
+            scaling=scaling,
+            hop=None if hop is None else hop[:, :, :n_blocks, :n_blocks],
+            return_indices=True,
+            **rule,
+        )
+        return indices, counts
+
+    return select
+
+
+def _select_fused(query, key, *, scaling, score, **rule):
+    """The fused kernel's bool selection on the summaries (and, for FRC, the per-KV-head hop matrix) the reference
+    would use."""
+    summaries, hop = _fused_inputs(key, scaling, score, rule)
+    return select_token_blocks_triton(query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, **rule)
+
+
+def _fused_inputs(key, scaling, score, rule) -> tuple[tuple[torch.Tensor, ...] | None, torch.Tensor | None]:
+    """What the fused kernel reads: the score's key-block summaries and, for FRC, the per-KV-head hop matrix (None
+    for the policies that read no keys)."""
     scored = rule["policy"] not in ("dense", "streaming") and not (rule["budget"] == "row" and rule["sparsity"] == 0)
-    if scored:
-        summaries = key_block_summaries(key, rule["block_size"], score)
-        if rule["policy"] in _FRC_POLICIES:
-            means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
-            hop = _hop_per_kv_head(summaries, means, scaling)
-    return select_token_blocks_triton(
-        query, summaries, n_keys=key.shape[2], scaling=scaling, hop=hop, return_indices=return_indices, **rule
-    )
+    if not scored:
+        return None, None
+    summaries = key_block_summaries(key, rule["block_size"], score)
+    hop = None
+    if rule["policy"] in _FRC_POLICIES:
+        means = summaries[0] if score == "mean" else key_block_summaries(key, rule["block_size"], "mean")[0]
+        hop = _hop_per_kv_head(summaries, means, scaling)
+    return summaries, hop
 
 
 def achieved_sparsity(
