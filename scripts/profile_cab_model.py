@@ -1,10 +1,10 @@
-"""Time one forward of a real causal LM with dense SDPA and with CAB, on a passkey prompt, and measure the
-query tiles' union width (what the per-token executor actually runs).
+"""Time one forward of a real causal LM with dense SDPA and with CAB, on a passkey prompt, and count the
+(query token, key block) pairs CAB's PyTorch path executes against the pairs dense causal attention visits.
 
     python scripts/profile_cab_model.py --model DIR --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --length 8000
 
-Prints the dense and CAB forward times, their ratio, the mean number of key blocks a 64-token query tile gathers
-(the union of its tokens' picks) against the mean number it could see, and the executed and achieved sparsity.
+Prints the dense and CAB forward times, their ratio, and the executed pairs as a fraction of the dense causal pairs
+(the work follows the pairs: key block by key block, the queries that chose a block attend to it).
 Both forwards run in the same process on the same prompt; a warm-up forward runs first.
 """
 
@@ -16,7 +16,7 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import hf_icl.kernels.block_sparse_reference as executor
+import hf_icl.attention.cab as cab_module
 from hf_icl.attention.cab import enable_cab
 from hf_icl.data.niah import NeedleInAHaystackConfig
 
@@ -53,33 +53,34 @@ def main() -> None:
     _timed_forward(model, ids[:, : args.block_size * 4])  # warm-up
     dense = _timed_forward(model, ids)
 
-    # the executor's tile unions, recorded as it computes them: (blocks gathered, blocks visible) per call
-    unions: list[tuple[float, float]] = []
-    select = executor.selected_block_indices
+    # the pairs the PyTorch path runs, recorded range by range as the selection is handed to it
+    pairs = {"kept": 0, "visible": 0}
+    attend = cab_module.attend_selected
 
-    def recording(keep: torch.Tensor):
-        indices, valid = select(keep)
-        tiles = keep.shape[-2]
-        visible = (torch.arange(tiles) + 1).float().mean().item()  # tile t sees blocks 0 … t (prefill, no padding)
-        unions.append((valid.sum(-1).float().mean().item(), visible))
-        return indices, valid
+    def recording(query, key, value, select, **options):
+        block_size, offset = options["block_size"], key.shape[2] - query.shape[2]
+
+        def counted(start, stop):
+            keep = select(start, stop)
+            own = (offset + torch.arange(start, stop)) // block_size
+            pairs["kept"] += int((keep & (torch.arange(keep.shape[-1]) <= own[:, None])).sum())
+            pairs["visible"] += int((own + 1).sum()) * keep.shape[0] * keep.shape[1]
+            return keep
+
+        return attend(query, key, value, counted, **options)
 
     knobs = {} if args.min_seq_len is None else {"min_seq_len": args.min_seq_len}
     enable_cab(model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, **knobs)
-    executor.selected_block_indices = recording
+    cab_module.attend_selected = recording
     try:
         cab = _timed_forward(model, ids)
     finally:
-        executor.selected_block_indices = select
-    gathered = sum(u for u, _ in unions) / len(unions)
-    visible = sum(v for _, v in unions) / len(unions)
+        cab_module.attend_selected = attend
     print(f"prompt: {ids.shape[1]} tokens; threads: {torch.get_num_threads()}")
     print(f"dense SDPA forward: {dense:.2f} s")
     print(f"CAB {args.policy}@{args.sparsity} forward: {cab:.2f} s ({dense / cab:.2f}x dense)")
-    print(
-        f"query tiles gather {gathered:.1f} of {visible:.1f} visible key blocks on average "
-        f"(executed sparsity {1 - gathered / visible:.3f}; each token keeps ~{1 - args.sparsity:.0%} of its own)"
-    )
+    ratio = pairs["kept"] / max(1, pairs["visible"])
+    print(f"executed (token, block) pairs / dense causal pairs: {ratio:.3f} (achieved sparsity {1 - ratio:.3f})")
 
 
 if __name__ == "__main__":

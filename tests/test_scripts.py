@@ -213,3 +213,25 @@ def test_bench_startup_times_every_case_in_fresh_interpreters(capsys):
         row = next(line for line in report.splitlines() if line.startswith(f"| {case} |"))
         assert float(row.split("|")[2]) > 0
     assert "`import hf_icl` adds" in report and "`hf-icl --help` takes" in report
+
+
+def test_gpu_check_script_dry_run(tmp_path):
+    """scripts/gpu_check.sh --dry-run: the GPU check's steps at tiny sizes on CPU, each logged, the bench table
+    written, a clear summary line last."""
+    import os
+    import subprocess
+
+    env = {**os.environ, "PYTHON": sys.executable, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        ["bash", str(SCRIPTS / "gpu_check.sh"), "--dry-run", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert result.stdout.strip().endswith("all steps passed")
+    for name in ("environment", "kernel_tests", "bench"):
+        assert (tmp_path / f"{name}.log").exists()
+    table = (tmp_path / "cab_bench.md").read_text()
+    assert "selected pairs / dense causal pairs" in table

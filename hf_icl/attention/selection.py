@@ -174,9 +174,10 @@ def frc_scores(scores: torch.Tensor, causal: torch.Tensor | None, lam: float = 0
 
 def _lifted(rank: torch.Tensor) -> torch.Tensor:
     """``rank`` as float32 with NaN and -inf lifted to the lowest float (a candidate's NaN still ranks above every
-    non-candidate) and -0.0 made +0.0 (equal ranks compare equal)."""
+    non-candidate). One pass to check, a second only if needed."""
     value = rank.float()
-    if not torch.isfinite(value).all():
+    low, high = torch.aminmax(value) if value.numel() else (value.new_zeros(()), value.new_zeros(()))
+    if not (torch.isfinite(low) and torch.isfinite(high)):  # NaN propagates into both
         lowest = torch.finfo(torch.float32).min
         value = torch.nan_to_num(value, nan=lowest, posinf=float("inf"), neginf=lowest)
     return value
@@ -198,17 +199,21 @@ def _top_among(
     shape = torch.broadcast_shapes(rank.shape, candidate.shape)
     if k == 0:
         return torch.zeros(shape, dtype=torch.bool, device=rank.device)
-    candidate = candidate.expand(shape)
-    value = _lifted(rank).expand(shape)
-    best = torch.topk(value.masked_fill(~candidate, float("-inf")), k, dim=-1).values  # descending
+    # candidates keep their (lifted, finite or +inf) ranks; every other entry is -inf, below all of them
+    ranked = _lifted(rank).expand(shape).masked_fill(~candidate, float("-inf"))
+    best = torch.topk(ranked, k, dim=-1).values  # descending
     count = count.expand(shape[:-1]).clamp(0, k)
     threshold = best.gather(-1, (count - 1).clamp_min(0).unsqueeze(-1))
-    above = candidate & (value > threshold)
-    at = candidate & (value == threshold)
-    wanted = (count - above.sum(-1)).unsqueeze(-1)  # how many ties at the threshold to take, lowest index first
-    if bool((at.sum(-1, keepdim=True) > wanted).any()):  # more ties than room (rare): the lowest indices win
+    wants = (count > 0).unsqueeze(-1)
+    # strictly above the threshold: kept (nothing is above +inf, so a row wanting none keeps none)
+    above = ranked > torch.where(wants, threshold, float("inf"))
+    # at the threshold: the ties (NaN compares unequal: rows wanting none, or fewer candidates than wanted)
+    at = ranked == torch.where(wants & (threshold > float("-inf")), threshold, float("nan"))
+    # how many ties to take, lowest index first (count_nonzero: no int64 copy of the bool masks)
+    wanted = count.unsqueeze(-1) - torch.count_nonzero(above, dim=-1).unsqueeze(-1)
+    if bool((torch.count_nonzero(at, dim=-1).unsqueeze(-1) > wanted).any()):  # more ties than room (rare)
         at = at & (at.cumsum(-1) <= wanted)
-    return (above | at) & (count > 0).unsqueeze(-1)
+    return above | at
 
 
 def _budgeted_keep(
