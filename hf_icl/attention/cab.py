@@ -42,6 +42,7 @@ from ..kernels.token_sparse import (
     KERNEL_HEAD_DIMS,
     attend_selected,
     keep_to_indices,
+    query_range_length,
     token_sparse_attention_triton,
     token_sparse_decode,
 )
@@ -229,10 +230,7 @@ def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) ->
     select = None
     if cached is None:
         select = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
-    batch, heads, _, dim = query.shape
-    width, n_blocks = _width(params, n_k), -(-n_k // params.block_size)
-    per_token = batch * heads * (width * (dim + 1) * 4 + n_blocks)
-    step = max(params.block_size, _KERNEL_RANGE_BYTES // per_token // params.block_size * params.block_size)
+    step = _kernel_range_length(query, n_k, params)
     pieces = []
     for start in range(0, n_q, step):
         stop = min(n_q, start + step)
@@ -260,6 +258,41 @@ def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) ->
         return out
     real_index = (key_valid.long().cumsum(-1) - 1).clamp_min(0)  # where each position's token went
     return _gather_tokens(out, real_index).masked_fill(~key_valid[:, None, :, None], 0.0)
+
+
+def _kernel_range_length(query: torch.Tensor, n_k: int, params: CABParams) -> int:
+    """Queries per kernel range: a multiple of the block size whose fp32 partials and selection fit in
+    ``_KERNEL_RANGE_BYTES``."""
+    batch, heads, _, dim = query.shape
+    width, n_blocks = _width(params, n_k), -(-n_k // params.block_size)
+    per_token = batch * heads * (width * (dim + 1) * 4 + n_blocks)
+    return max(params.block_size, _KERNEL_RANGE_BYTES // per_token // params.block_size * params.block_size)
+
+
+def run_selection_only(query: torch.Tensor, key: torch.Tensor, params: CABParams, scaling: float) -> int:
+    """The selection of one unpadded prefill call alone, range by range exactly as :func:`cab_attention_forward`
+    runs it on its route (the fused kernel's lists per kernel range, or the PyTorch rule per executor range), so a
+    benchmark can time its share of the call. Returns how many ranges ran (0: the call runs dense)."""
+    n_q, n_k = query.shape[2], key.shape[2]
+    route = cab_route(
+        params, device=query.device, n_q=n_q, n_k=n_k, head_dim=query.shape[-1], dtype=query.dtype, padded=False
+    )
+    if route.name == "dense":
+        return 0
+    if route.name == "torch":
+        rule = params.selection_rule()
+        select = token_block_selector(query, key, scaling=scaling, score=params.score, **rule)
+        step = query_range_length(query.shape[0], query.shape[1], n_q, -(-n_k // params.block_size), params.block_size)
+        bounds = [(start, min(n_q, start + step)) for start in range(0, n_q, step)]
+        for start, stop in bounds:
+            select(start, stop)
+        return len(bounds)
+    select_lists = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
+    step = _kernel_range_length(query, n_k, params)
+    bounds = [(start, min(n_q, start + step)) for start in range(0, n_q, step)]
+    for start, stop in bounds:
+        select_lists(query[:, :, start:stop], n_k - n_q + stop)
+    return len(bounds)
 
 
 def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,8 @@ tensors:
   calls of a row have used ``--pairs-budget`` seconds (at least one round runs). With grouped-query attention SDPA
   gets ``enable_gqa=True`` on CUDA, and on a CPU K and V expanded to the query heads *before* the call (not timed,
   and held, so not counted in its extra memory);
-* **selection ms and its % of CAB**: the per-token selection alone (``select_cab_block_indices``);
+* **selection ms and its % of CAB**: the per-token selection alone, range by range as the call runs it on its route
+  (:func:`hf_icl.attention.cab.run_selection_only`); the pairs are counted from ``select_cab_block_indices``;
 * **peak extra MiB**, SDPA and CAB, and their ratio: the peak memory during one call minus the memory held before
   it (q, k and v allocated). On CUDA: ``torch.cuda.reset_peak_memory_stats`` before the call,
   ``max_memory_allocated`` after it, minus ``memory_allocated`` before it (the output counts: it is held when the
@@ -57,16 +58,10 @@ import torch
 import torch.nn.functional as F
 from transformers import PretrainedConfig
 
-from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
-from hf_icl.kernels.block_sparse_reference import selected_block_indices
+from hf_icl.attention.cab import CABParams, cab_attention_forward, run_selection_only, select_cab_block_indices
 from hf_icl.kernels.roofline import dense_causal_pairs, token_sparse_work
 
 from .timing import median_seconds
-
-try:  # the per-token selection as kept-block lists (CAB's execution follows these pairs)
-    from hf_icl.attention.cab import select_cab_block_indices
-except ImportError:  # TODO(select_cab_block_indices): remove this fallback once the entry point has landed
-    select_cab_block_indices = None
 
 #: where ``scripts/capture_cab_qk.py`` writes by default; the section uses it when ``--qk`` is not given
 DEFAULT_CAPTURE = Path("~/.cache/hf_icl/smollm2_qk_16k.safetensors")
@@ -94,12 +89,7 @@ def stand_in_module(params: CABParams) -> SimpleNamespace:
 def _selection_counts(query: torch.Tensor, key: torch.Tensor, params: CABParams, scaling: float):
     """CAB's per-token selection as lists: ``indices (B, H, T, W)`` int32 (ascending kept block ids, the first
     ``counts`` valid) and ``counts (B, H, T)`` int32."""
-    if select_cab_block_indices is not None:
-        return select_cab_block_indices(query, key, params, scaling)
-    # TODO(select_cab_block_indices): temporary, from the bool selection until the indices entry point exists
-    keep = select_cab_blocks(query, key, params, scaling)
-    indices, valid = selected_block_indices(keep)
-    return indices.to(torch.int32), valid.sum(-1).to(torch.int32)
+    return select_cab_block_indices(query, key, params, scaling)
 
 
 def sdpa_call(query, key, value, scaling: float, gqa: bool) -> torch.Tensor:
@@ -390,7 +380,7 @@ def measure_row(spec: InputSpec, sparsity: float, args, sdpa_mib: float | None) 
         calls = {
             "sdpa": partial(sdpa_call, query, sdpa_key, sdpa_value, scaling, gqa),
             "cab": partial(cab_call, module, query, key, value, scaling),
-            "selection": partial(_selection_counts, query, key, params, scaling),
+            "selection": partial(run_selection_only, query, key, params, scaling),
         }
         budget = args.pairs_budget if device.type == "cpu" else float("inf")
         times = interleaved_medians(calls, args.repeats, args.warmup, device, budget)
