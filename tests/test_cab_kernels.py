@@ -200,3 +200,33 @@ def test_kernel_route_equals_the_pytorch_route(policy, padded, ranges, monkeypat
         results.append((out, *grads))
     for name, a, b in zip(("out", "dq", "dk", "dv"), *results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+@needs_triton
+@pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_the_selection_alone_runs_range_by_range_as_the_call_does(backend, monkeypatch):
+    """run_selection_only (what the benchmark times as the selection's share) asks the same selector for the same
+    ranges as the attention call: the fused lists per kernel range, the PyTorch rule per executor range."""
+    monkeypatch.setattr(cab_module, "_KERNEL_RANGE_BYTES", 1)  # one block of queries per kernel range
+    params = CABParams(**{**SPARSE, "policy": "magnitude", "backend": backend})
+    q = k = torch.randn(1, 2, 80, 32).to(DEVICE)
+    asked = []
+    name = "fused_block_selector" if backend == "triton" else "token_block_selector"
+    real = getattr(cab_module, name)
+
+    def spy(*args, **kwargs):
+        select = real(*args, **kwargs)
+
+        def recorded(*call):
+            asked.append(call[1] if backend == "triton" else call)
+            return select(*call)
+
+        return recorded
+
+    monkeypatch.setattr(cab_module, name, spy)
+    ranges = cab_module.run_selection_only(q, k, params, 32**-0.5)
+    if backend == "triton":  # keys up to each range's last query: 16, 32, …, 80
+        assert ranges == 5 and asked == [16, 32, 48, 64, 80]
+    else:
+        assert ranges == 1 and asked == [(0, 80)]
+    assert cab_module.run_selection_only(q, k, CABParams(**{**SPARSE, "min_seq_len": 1024}), 32**-0.5) == 0

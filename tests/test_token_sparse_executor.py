@@ -88,3 +88,47 @@ def test_executor_equals_dense_softmax_under_the_token_mask(case, padded, max_el
     for name, a, b in zip("qkv", got, want, strict=True):
         assert torch.isfinite(a).all(), name
         torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-10, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_error_is_no_worse_than_sdpa(dtype):
+    """Scores, softmax and sums run in float32 whatever the input dtype: against float64, CAB's PyTorch path in
+    bf16 / fp16 errs no more than SDPA does on the same rounded inputs under the same mask."""
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, 256, 64, generator=g) for _ in range(3))
+    keep = torch.rand(1, 4, 256, 8, generator=g) < 0.5
+    q16, k16, v16 = (x.to(dtype) for x in (q, k, v))
+    exact = dense_reference(q16, k16, v16, keep, 32, 0.125)  # float64 on the rounded inputs
+    ours = token_sparse_attention(q16, k16, v16, keep, block_size=32, scaling=0.125)
+    mask = executor_mask(keep, 32, 256)
+    sdpa = torch.nn.functional.scaled_dot_product_attention(q16, k16, v16, attn_mask=mask, scale=0.125)
+    seen = mask.any(-1, keepdim=True)  # SDPA gives NaN where a row sees nothing; ours gives zeros there
+    ours_error = ((ours.double() - exact) * seen).pow(2).mean().sqrt()
+    sdpa_error = ((sdpa.double().nan_to_num(0.0) - exact) * seen).pow(2).mean().sqrt()
+    assert ours.dtype == dtype
+    assert ours_error <= 1.05 * sdpa_error + 1e-6, (float(ours_error), float(sdpa_error))
+
+
+def executor_mask(keep, block_size, n):
+    """The (B, H, N, N) bool mask of a per-token selection (no padding), written out."""
+    blocks = torch.arange(n) // block_size
+    causal = torch.arange(n)[:, None] >= torch.arange(n)
+    return keep[..., blocks] & causal
+
+
+def test_the_selection_is_asked_for_one_bounded_range_at_a_time(monkeypatch):
+    """No (heads × tokens × blocks) tensor for the whole sequence: the executor asks the selection for ranges whose
+    selection holds at most _MAX_SELECTION_ELEMENTS entries, covering every query once, in order."""
+    monkeypatch.setattr(executor, "_MAX_SELECTION_ELEMENTS", 4 * 13 * 8 + 5)  # 8 tokens × 4 heads × 13 blocks
+    q, k, v, g = _inputs(5, batch=1, heads=4, kv_heads=2, n_q=100, n_k=100)
+    keep = torch.rand(1, 4, 100, 13, generator=g) < 0.5
+    asked = []
+
+    def select(start, stop):
+        asked.append((start, stop))
+        return keep[:, :, start:stop]
+
+    out = executor.attend_selected(q, k, v, select, block_size=8, scaling=0.3)
+    assert asked == [(s, min(100, s + 8)) for s in range(0, 100, 8)]  # 4·13 entries per token: one block of 8
+    assert all((stop - start) * 4 * 13 <= executor._MAX_SELECTION_ELEMENTS for start, stop in asked)
+    torch.testing.assert_close(out, dense_reference(q, k, v, keep, 8, 0.3), atol=1e-10, rtol=1e-10)
