@@ -29,6 +29,7 @@ A padded query, or a query that selected no block at or before its own, gets zer
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -144,18 +145,47 @@ def _attend_range(q_range, q_pos, keep, blocks: _KeyBlocks, dropout: float) -> t
     """One range of queries: ``q_range (B, H, R, D)`` (scaled, work dtype), ``q_pos (B, R)`` real positions (−1:
     padded), ``keep (B, H, R, Mk)``. Returns ``(B, H, R, D)`` in the work dtype."""
     batch, heads, n_rows, dim = q_range.shape
-    own = (q_pos // blocks.block_size)[:, None, :, None]  # (B, 1, R, 1); −1 for padded queries
-    cols = torch.arange(blocks.n_blocks, device=keep.device)
-    keep = keep & (cols <= own) & (own >= 0)
+    kv_heads, n_blocks = blocks.kv_heads, blocks.n_blocks
+    group = heads // kv_heads
+    # (B, Hk, Mk, g, R): one nonzero lists the pairs key block by key block, a group's query heads together
+    pairs = keep.view(batch, kv_heads, group, n_rows, n_blocks).permute(0, 1, 4, 2, 3).nonzero()
+    b, kvh, j, gi, t = pairs.unbind(1)
+    own = q_pos.div(blocks.block_size, rounding_mode="floor")[b, t]  # −1 for padded queries
+    live = (j <= own) & (own >= 0)  # blocks after a query's own (and padded queries) are dropped
+    if not bool(live.all()):
+        b, kvh, j, gi, t, own = (x[live] for x in (b, kvh, j, gi, t, own))
+    rows_total = batch * heads * n_rows
+    pairs = _Pairs(
+        block=(b * kv_heads + kvh) * n_blocks + j,
+        row=((b * heads + kvh * group + gi) * n_rows) + t,
+        token=t,
+        own=j == own,  # the own block's pairs need the causal mask, the others are wholly in the past
+    )
+    flat_q = torch.cat([q_range.reshape(rows_total, dim), q_range.new_zeros(1, dim)])  # + a padding row
+    pos_flat = torch.cat([q_pos[:, None, :].expand(batch, heads, n_rows).reshape(-1), q_pos.new_full((1,), -1)])
+    numerator = q_range.new_zeros(rows_total + 1, dim)
+    denominator = q_range.new_zeros(rows_total + 1)
     # a token's pairs stay together: cut the range where the running pair count crosses the score budget
-    per_token = keep.sum((0, 1, 3))
+    per_token = torch.bincount(pairs.token, minlength=n_rows)
     cuts = _piece_bounds(per_token, max(1, _MAX_SCORE_ELEMENTS // blocks.block_size))
-    out = q_range.new_zeros(batch, heads, n_rows, dim)
     for start, stop in cuts:
-        piece = slice(start, stop)
-        out[:, :, piece] = _attend_piece(q_range[:, :, piece], q_pos[:, piece], keep[:, :, piece], own[:, :, piece],
-                                         blocks, dropout)
-    return out
+        piece = pairs if len(cuts) == 1 else pairs.subset((pairs.token >= start) & (pairs.token < stop))
+        numerator, denominator = _attend_piece(flat_q, pos_flat, piece, blocks, dropout, numerator, denominator)
+    out = numerator[:rows_total] / denominator[:rows_total, None].clamp_min(torch.finfo(torch.float32).tiny)
+    return out.view(batch, heads, n_rows, dim)
+
+
+class _Pairs(NamedTuple):
+    """The (query token, key block) pairs of a range, in key-block order: ``block`` (into the key blocks), ``row``
+    (into the flattened queries), ``token`` (the query's index in the range), ``own`` (its own block)."""
+
+    block: torch.Tensor
+    row: torch.Tensor
+    token: torch.Tensor
+    own: torch.Tensor
+
+    def subset(self, chosen: torch.Tensor) -> _Pairs:
+        return _Pairs(*(x[chosen] for x in self))
 
 
 def _piece_bounds(per_token: torch.Tensor, budget: int) -> list[tuple[int, int]]:
@@ -171,51 +201,38 @@ def _piece_bounds(per_token: torch.Tensor, budget: int) -> list[tuple[int, int]]
     return bounds
 
 
-def _attend_piece(q_piece, q_pos, keep, own, blocks: _KeyBlocks, dropout: float) -> torch.Tensor:
-    batch, heads, n_rows, dim = q_piece.shape
-    kv_heads, n_blocks = blocks.kv_heads, blocks.n_blocks
-    group = heads // kv_heads
-    cols = torch.arange(n_blocks, device=keep.device)
-    # the own block's pairs need the causal mask, the others are wholly in the past: separate items
-    item_sets = [(keep & (cols < own), False), (keep & (cols == own), True)]
-    rows_total = batch * heads * n_rows
-    flat_q = torch.cat([q_piece.reshape(rows_total, dim), q_piece.new_zeros(1, dim)])  # + a padding row
-    pos_flat = torch.cat([q_pos[:, None, :].expand(batch, heads, n_rows).reshape(-1), q_pos.new_full((1,), -1)])
+def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, numerator, denominator):
+    """Every pair of a piece (whole tokens): scores, each token's maximum over its pairs, then ``exp(s − max)``, row
+    sums and ``p @ v`` added to the tokens' ``numerator`` / ``denominator`` rows (returned)."""
+    pad_row = flat_q.shape[0] - 1
     buckets = []
-    for selection, masked in item_sets:
-        # (B, Hk, Mk, g, R): nonzero lists the pairs key block by key block, query heads of a group together
-        laid = selection.view(batch, kv_heads, group, n_rows, n_blocks).permute(0, 1, 4, 2, 3)
-        pairs = laid.nonzero()
-        if not len(pairs):
-            continue
-        b, kvh, j, gi, t = pairs.unbind(1)
-        block_id = (b * kv_heads + kvh) * n_blocks + j
-        row = ((b * heads + kvh * group + gi) * n_rows) + t
-        buckets.extend(_bucketed_items(block_id, row, rows_total, masked))
+    for masked in (False, True):
+        chosen = pairs.own if masked else ~pairs.own
+        if bool(chosen.any()):
+            buckets.extend(_bucketed_items(pairs.block[chosen], pairs.row[chosen], pad_row, masked))
     if not buckets:
-        return q_piece.new_zeros(batch, heads, n_rows, dim)
+        return numerator, denominator
     # pass 1: scores of every item, and each token's largest score over all its pairs
     scores = []
-    row_max = q_piece.new_full((rows_total + 1,), float("-inf"))
+    row_max = flat_q.new_full((pad_row + 1,), float("-inf"))
     for bucket in buckets:
         s = _scores(flat_q, pos_flat, blocks, bucket)
         scores.append(s)
         row_max.scatter_reduce_(0, bucket.rows.flatten(), s.detach().amax(-1).flatten(), "amax")
     row_max = row_max.masked_fill(~torch.isfinite(row_max), 0.0)
     # pass 2: exp(s − max), the row sums and p @ v, added up per token
-    numerator = q_piece.new_zeros(rows_total + 1, dim)
-    denominator = q_piece.new_zeros(rows_total + 1)
     inplace = not torch.is_grad_enabled()  # inference: reuse the score buffers
     for bucket, s in zip(buckets, scores, strict=True):
         shift = row_max[bucket.rows][..., None]
         p = s.sub_(shift).exp_() if inplace else torch.exp(s - shift)
-        denominator.index_add_(0, bucket.rows.flatten(), p.sum(-1).flatten())
+        rows = bucket.rows.flatten()
+        add = torch.Tensor.index_add_ if inplace else torch.Tensor.index_add  # autograd: a fresh accumulator
+        denominator = add(denominator, 0, rows, p.sum(-1).flatten())
         if dropout:
             p = F.dropout(p, p=dropout)
         pv = torch.matmul(p, blocks.values.index_select(0, bucket.blocks))
-        numerator.index_add_(0, bucket.rows.flatten(), pv.flatten(0, 1))
-    out = numerator[:rows_total] / denominator[:rows_total, None].clamp_min(torch.finfo(torch.float32).tiny)
-    return out.view(batch, heads, n_rows, dim)
+        numerator = add(numerator, 0, rows, pv.flatten(0, 1))
+    return numerator, denominator
 
 
 class _Bucket:
