@@ -21,13 +21,23 @@ pair sees.
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from .._common import check_kernel_runnable, is_interpreted, tl, triton
-from .triton_forward import LOG2_E, _forward, _lengths_operand, backward_tiles, validate_token_sparse
-from .triton_pairs import PairList, cut_work_items
+from .._common import check_kernel_runnable, tl, triton
+from .triton_forward import (
+    _dot,
+    _forward,
+    _item_block,
+    _item_launch,
+    _item_range,
+    _item_rows,
+    _key_block,
+    _load_rows,
+    _scores,
+    backward_tiles,
+    validate_token_sparse,
+)
+from .triton_pairs import PairList
 
 __all__ = ["token_sparse_attention_triton", "token_sparse_backward_triton"]
 
@@ -59,7 +69,6 @@ if triton is not None:
         mk,
         q_offset,
         qk_scale,
-        scaling,
         sq_b,
         sq_h,
         sq_t,
@@ -72,83 +81,44 @@ if triton is not None:
         sv_h,
         sv_n,
         sv_d,
+        sl_b,
+        scaling,
         sdo_b,
         sdo_h,
         sdo_t,
         sdo_d,
-        sl_b,
         BS: tl.constexpr,
         BLOCK_M: tl.constexpr,
         BLOCK_D: tl.constexpr,
         UPCAST_DOT: tl.constexpr,
         HAS_LENGTHS: tl.constexpr,
     ):
-        """One work item: gradients of up to ``BLOCK_M`` pairs of one KV block, added atomically."""
-        item = tl.program_id(0)
-        start = tl.load(item_start + item)
-        end = tl.load(item_end + item)
+        """One work item: gradients of up to ``BLOCK_M`` pairs of one KV block, added atomically. The parameters
+        from ``order`` to ``sl_b`` are the forward kernel's (:func:`.triton_forward._item_launch` gives both)."""
+        start, end = _item_range(item_start, item_end)
         if start >= end:  # a surplus program of the upper-bound grid
             return
-        kvb = tl.load(item_kvb + item)
-        j = kvb % mk
-        kv_row = kvb // mk
-        hk = kv_row % kv_heads
-        b = kv_row // kv_heads
-
-        rows = start + tl.arange(0, BLOCK_M)
-        row_ok = rows < end
-        pid = tl.load(order + rows, mask=row_ok, other=0)
-        t = (pid // width) % n_q
-        h = (pid // (width * n_q)) % heads
-        q_pos = q_offset + t
+        b, hk, j, kv_row = _item_block(item_kvb, mk, kv_heads)
+        row_ok, _, t, h = _item_rows(order, start, end, heads, n_q, width, BLOCK_M)
         token = (b * heads + h) * n_q + t  # row of the contiguous (B, H, Nq) lse / delta / dq
         cols = tl.arange(0, BLOCK_D)
-        q_tile = tl.load(
-            q + b * sq_b + h[:, None] * sq_h + t[:, None] * sq_t + cols[None, :] * sq_d,
-            mask=row_ok[:, None],
-            other=0.0,
-        )
-        do_tile = tl.load(
-            dout + b * sdo_b + h[:, None] * sdo_h + t[:, None] * sdo_t + cols[None, :] * sdo_d,
-            mask=row_ok[:, None],
-            other=0.0,
-        )
+        q_tile = _load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
+        do_tile = _load_rows(dout + b * sdo_b, h * sdo_h + t * sdo_t, row_ok, cols, sdo_d, UPCAST_DOT)
         lse_rows = tl.load(lse + token, mask=row_ok, other=float("-inf"))
         delta_rows = tl.load(delta + token, mask=row_ok, other=0.0)
+        k_pos, k_ok = _key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
+        k_tile = _load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
+        v_tile = _load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
 
-        k_pos = j * BS + tl.arange(0, BS)
-        if HAS_LENGTHS:
-            key_end = tl.minimum(tl.load(lengths + b * sl_b).to(tl.int64), n_k)
-        else:
-            key_end = n_k
-        k_ok = k_pos < key_end
-        k_tile = tl.load(
-            k + b * sk_b + hk * sk_h + k_pos[:, None] * sk_n + cols[None, :] * sk_d, mask=k_ok[:, None], other=0.0
-        )
-        v_tile = tl.load(
-            v + b * sv_b + hk * sv_h + k_pos[:, None] * sv_n + cols[None, :] * sv_d, mask=k_ok[:, None], other=0.0
-        )
-        if UPCAST_DOT:
-            q_tile = q_tile.to(tl.float32)
-            do_tile = do_tile.to(tl.float32)
-            k_tile = k_tile.to(tl.float32)
-            v_tile = v_tile.to(tl.float32)
-
-        s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale  # base-2 logits
-        allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s, allowed = _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)  # base-2 logits
         allowed = allowed & (lse_rows > float("-inf"))[:, None]
         lse2 = tl.where(lse_rows > float("-inf"), lse_rows * 1.4426950408889634, 0.0)
         p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)  # final probabilities, float32
         dp = tl.dot(do_tile, tl.trans(v_tile), input_precision="ieee")
         ds = p * (dp - delta_rows[:, None])
-        if UPCAST_DOT:
-            dv_blk = tl.dot(tl.trans(p), do_tile, input_precision="ieee")
-            dk_blk = tl.dot(tl.trans(ds), q_tile, input_precision="ieee") * scaling
-            dq_rows = tl.dot(ds, k_tile, input_precision="ieee") * scaling
-        else:
-            dv_blk = tl.dot(tl.trans(p.to(do_tile.dtype)), do_tile, input_precision="ieee")
-            dk_blk = tl.dot(tl.trans(ds.to(q_tile.dtype)), q_tile, input_precision="ieee") * scaling
-            dq_rows = tl.dot(ds.to(k_tile.dtype), k_tile, input_precision="ieee") * scaling
+        dv_blk = _dot(p, do_tile, True)
+        dk_blk = _dot(ds, q_tile, True) * scaling
+        dq_rows = _dot(ds, k_tile, False) * scaling
 
         tl.atomic_add(dq + token[:, None] * BLOCK_D + cols[None, :], dq_rows, mask=row_ok[:, None], sem="relaxed")
         kv_rows = (kv_row * n_k + k_pos)[:, None] * BLOCK_D + cols[None, :]  # contiguous (B, Hk, Nk, D)
@@ -181,47 +151,14 @@ def _backward(
         delta = delta - dlse.float()
     delta = delta.contiguous()
     lse = lse.contiguous()
-    tiles = backward_tiles(n_q, heads // kv_heads, block_size, head_dim, q.element_size())
-    items = cut_work_items(pairs, tiles.pop("BLOCK_M"))
     dq = torch.zeros(batch, heads, n_q, head_dim, dtype=torch.float32, device=device)
     dk = torch.zeros(batch, kv_heads, n_k, head_dim, dtype=torch.float32, device=device)
     dv = torch.zeros(batch, kv_heads, n_k, head_dim, dtype=torch.float32, device=device)
-    length_op = _lengths_operand(lengths, q)
-    _token_sparse_bwd_kernel[(items.n_items,)](
-        q,
-        k,
-        v,
-        dout,
-        lse,
-        delta,
-        dq,
-        dk,
-        dv,
-        pairs.order,
-        items.kvb,
-        items.start,
-        items.end,
-        length_op,
-        heads,
-        kv_heads,
-        n_q,
-        width,
-        n_k,
-        math.ceil(n_k / block_size),
-        q_offset,
-        float(scaling) * LOG2_E,
-        float(scaling),
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        *dout.stride(),
-        length_op.stride(0),
-        BS=block_size,
-        BLOCK_M=items.block_m,
-        BLOCK_D=head_dim,
-        UPCAST_DOT=is_interpreted(_token_sparse_bwd_kernel),
-        HAS_LENGTHS=lengths is not None,
-        **tiles,
+    grid, operands, options = _item_launch(
+        _token_sparse_bwd_kernel, backward_tiles, q, k, v, pairs, width, block_size, scaling, q_offset, lengths
+    )
+    _token_sparse_bwd_kernel[grid](
+        q, k, v, dout, lse, delta, dq, dk, dv, *operands, float(scaling), *dout.stride(), **options
     )
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 

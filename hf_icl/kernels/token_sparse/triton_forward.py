@@ -242,8 +242,74 @@ def validate_token_sparse(
 
 _token_sparse_fwd_kernel = None
 _token_sparse_merge_kernel = None
+_item_range = None
+_item_block = None
+_item_rows = None
+_load_rows = None
+_key_block = None
+_scores = None
+_dot = None
 
 if triton is not None:
+    # Helpers shared by the forward and backward work-item kernels (:mod:`.triton_backward` imports them).
+
+    @triton.jit
+    def _item_range(item_start, item_end):
+        """This program's work item: the first and one-past-last positions of its pairs in the sorted order."""
+        item = tl.program_id(0)
+        return tl.load(item_start + item), tl.load(item_end + item)
+
+    @triton.jit
+    def _item_block(item_kvb, mk, kv_heads):
+        """The work item's KV block: ``(b, hk, j)`` and its KV row ``b * Hk + hk``."""
+        kvb = tl.load(item_kvb + tl.program_id(0))
+        j = kvb % mk
+        kv_row = kvb // mk
+        return kv_row // kv_heads, kv_row % kv_heads, j, kv_row
+
+    @triton.jit
+    def _item_rows(order, start, end, heads, n_q, width, BLOCK_M: tl.constexpr):
+        """The work item's pairs: which of its ``BLOCK_M`` rows are real, their pair ids, tokens and query heads."""
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < end
+        pid = tl.load(order + rows, mask=row_ok, other=0)  # int64 pair ids = slot index in (B, H, Nq, W)
+        t = (pid // width) % n_q
+        h = (pid // (width * n_q)) % heads
+        return row_ok, pid, t, h
+
+    @triton.jit
+    def _load_rows(base, row_offsets, row_ok, cols, stride_d, UPCAST: tl.constexpr):
+        """The tile ``base[row_offsets + cols * stride_d]`` (0 in rows not ok); float32 with ``UPCAST``."""
+        tile = tl.load(base + row_offsets[:, None] + cols[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
+        if UPCAST:
+            tile = tile.to(tl.float32)
+        return tile
+
+    @triton.jit
+    def _key_block(lengths, b, j, n_k, sl_b, BS: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+        """Key positions of block ``j`` and which of them are real (before ``Nk`` and the row's length)."""
+        k_pos = j * BS + tl.arange(0, BS)
+        if HAS_LENGTHS:
+            key_end = tl.minimum(tl.load(lengths + b * sl_b).to(tl.int64), n_k)
+        else:
+            key_end = n_k
+        return k_pos, k_pos < key_end
+
+    @triton.jit
+    def _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_pos):
+        """``S = q·kᵀ·qk_scale`` (float32, base-2 logits) and the mask of allowed (real, causal) entries."""
+        s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale
+        allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        return s, allowed
+
+    @triton.jit
+    def _dot(a, b, TRANS_A: tl.constexpr):
+        """``a·b`` (``aᵀ·b`` with ``TRANS_A``), ``a`` (float32) cast to ``b``'s dtype first: native fp16 / bf16
+        operands with float32 accumulation, or float32 throughout (then the cast is a no-op, as under UPCAST_DOT)."""
+        a = a.to(b.dtype)
+        if TRANS_A:
+            a = tl.trans(a)
+        return tl.dot(a, b, input_precision="ieee")
 
     @triton.jit
     def _token_sparse_fwd_kernel(
@@ -285,55 +351,24 @@ if triton is not None:
         HAS_LENGTHS: tl.constexpr,
     ):
         """One work item: up to ``BLOCK_M`` pairs of one KV block → their normalised partial outputs and LSEs."""
-        item = tl.program_id(0)
-        start = tl.load(item_start + item)
-        end = tl.load(item_end + item)
+        start, end = _item_range(item_start, item_end)
         if start >= end:  # a surplus program of the upper-bound grid
             return
-        kvb = tl.load(item_kvb + item)
-        j = kvb % mk
-        kv_row = kvb // mk
-        hk = kv_row % kv_heads
-        b = kv_row // kv_heads
-
-        rows = start + tl.arange(0, BLOCK_M)
-        row_ok = rows < end
-        pid = tl.load(order + rows, mask=row_ok, other=0)  # int64 pair ids = slot index in (B, H, Nq, W)
-        t = (pid // width) % n_q
-        h = (pid // (width * n_q)) % heads
-        q_pos = q_offset + t
+        b, hk, j, _ = _item_block(item_kvb, mk, kv_heads)
+        row_ok, pid, t, h = _item_rows(order, start, end, heads, n_q, width, BLOCK_M)
         cols = tl.arange(0, BLOCK_D)
-        q_ptrs = q + b * sq_b + h[:, None] * sq_h + t[:, None] * sq_t + cols[None, :] * sq_d
-        q_tile = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)
+        q_tile = _load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
+        k_pos, k_ok = _key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
+        k_tile = _load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
+        v_tile = _load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
 
-        k_pos = j * BS + tl.arange(0, BS)
-        if HAS_LENGTHS:
-            key_end = tl.minimum(tl.load(lengths + b * sl_b).to(tl.int64), n_k)
-        else:
-            key_end = n_k
-        k_ok = k_pos < key_end
-        k_tile = tl.load(
-            k + b * sk_b + hk * sk_h + k_pos[:, None] * sk_n + cols[None, :] * sk_d, mask=k_ok[:, None], other=0.0
-        )
-        v_tile = tl.load(
-            v + b * sv_b + hk * sv_h + k_pos[:, None] * sv_n + cols[None, :] * sv_d, mask=k_ok[:, None], other=0.0
-        )
-        if UPCAST_DOT:
-            q_tile = q_tile.to(tl.float32)
-            k_tile = k_tile.to(tl.float32)
-            v_tile = v_tile.to(tl.float32)
-
-        s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale  # float32, base-2 logits
-        allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
+        s, allowed = _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)
         s = tl.where(allowed, s, float("-inf"))
         m = tl.max(s, axis=1)
         m_use = tl.where(m == float("-inf"), 0.0, m)  # a row with no key: exp2(-inf - 0) = 0, no NaN
         p = tl.exp2(s - m_use[:, None])
         l_sum = tl.sum(p, axis=1)
-        if UPCAST_DOT:
-            o = tl.dot(p, v_tile, input_precision="ieee")
-        else:
-            o = tl.dot(p.to(v_tile.dtype), v_tile, input_precision="ieee")
+        o = _dot(p, v_tile, False)
         seen = l_sum > 0
         l_safe = tl.where(seen, l_sum, 1.0)
         o = o / l_safe[:, None]
@@ -420,6 +455,41 @@ def _lengths_operand(lengths: torch.Tensor | None, q: torch.Tensor) -> torch.Ten
     return lengths
 
 
+def _item_launch(
+    kernel,
+    tiles_for,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    pairs: PairList,
+    width: int,
+    block_size: int,
+    scaling: float,
+    q_offset: int,
+    lengths: torch.Tensor | None,
+) -> tuple[tuple[int], tuple, dict]:
+    """``(grid, operands, options)`` of a work-item kernel, forward or backward: ``pairs`` cut into items of
+    ``tiles_for``'s ``BLOCK_M``; the operands both kernels take after their own tensors (item tables, lengths,
+    shapes, base-2 scale, then the q / k / v / lengths strides); the launch options (constexprs, warps, stages)."""
+    _, heads, n_q, head_dim = q.shape
+    kv_heads, n_k = k.shape[1], k.shape[2]
+    tiles = tiles_for(n_q, heads // kv_heads, block_size, head_dim, q.element_size())
+    items = cut_work_items(pairs, tiles.pop("BLOCK_M"))
+    length_op = _lengths_operand(lengths, q)
+    scalars = (heads, kv_heads, n_q, width, n_k, math.ceil(n_k / block_size), q_offset, float(scaling) * LOG2_E)
+    strides = (*q.stride(), *k.stride(), *v.stride(), length_op.stride(0))
+    operands = (pairs.order, items.kvb, items.start, items.end, length_op, *scalars, *strides)
+    options = {
+        "BS": block_size,
+        "BLOCK_M": items.block_m,
+        "BLOCK_D": head_dim,
+        "UPCAST_DOT": is_interpreted(kernel),
+        "HAS_LENGTHS": lengths is not None,
+        **tiles,
+    }
+    return (items.n_items,), operands, options
+
+
 def _forward(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -436,48 +506,17 @@ def _forward(
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
     width = indices.shape[3]
-    group = heads // kv_heads
     device = q.device
     pairs = build_pair_list(
         indices, counts, kv_heads=kv_heads, n_keys=n_k, block_size=block_size, q_offset=q_offset, lengths=lengths
     )
-    tiles = forward_tiles(n_q, group, block_size, head_dim, q.element_size())
-    items = cut_work_items(pairs, tiles.pop("BLOCK_M"))
     n_pairs = batch * heads * n_q * width
     partial_o = torch.empty(n_pairs, head_dim, dtype=torch.float32, device=device)
     partial_lse = torch.full((n_pairs,), float("-inf"), dtype=torch.float32, device=device)
-    length_op = _lengths_operand(lengths, q)
-    interpreted = is_interpreted(_token_sparse_fwd_kernel)
-    _token_sparse_fwd_kernel[(items.n_items,)](
-        q,
-        k,
-        v,
-        partial_o,
-        partial_lse,
-        pairs.order,
-        items.kvb,
-        items.start,
-        items.end,
-        length_op,
-        heads,
-        kv_heads,
-        n_q,
-        width,
-        n_k,
-        math.ceil(n_k / block_size),
-        q_offset,
-        float(scaling) * LOG2_E,
-        *q.stride(),
-        *k.stride(),
-        *v.stride(),
-        length_op.stride(0),
-        BS=block_size,
-        BLOCK_M=items.block_m,
-        BLOCK_D=head_dim,
-        UPCAST_DOT=interpreted,
-        HAS_LENGTHS=lengths is not None,
-        **tiles,
+    grid, operands, options = _item_launch(
+        _token_sparse_fwd_kernel, forward_tiles, q, k, v, pairs, width, block_size, scaling, q_offset, lengths
     )
+    _token_sparse_fwd_kernel[grid](q, k, v, partial_o, partial_lse, *operands, **options)
     out = torch.empty(batch, heads, n_q, head_dim, dtype=q.dtype, device=device)
     lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=device)
     _token_sparse_merge_kernel[(math.ceil(n_q / MERGE_TOKENS), batch * heads)](
@@ -493,7 +532,7 @@ def _forward(
         *out.stride(),
         BLOCK_T=MERGE_TOKENS,
         BLOCK_D=head_dim,
-        ROUND_BF16=interpreted and q.dtype == torch.bfloat16,
+        ROUND_BF16=options["UPCAST_DOT"] and q.dtype == torch.bfloat16,
         num_warps=4 if head_dim >= 64 else 2,
     )
     return out, lse, pairs
