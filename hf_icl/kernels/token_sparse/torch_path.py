@@ -106,7 +106,7 @@ def attend_selected(
     work = torch.promote_types(query.dtype, torch.float32)  # scores and sums: float32 at least
     blocks = _KeyBlocks(
         keys=_real_blocks(key, key_index, block_size).to(work),
-        values=_real_blocks(value, key_index, block_size).to(work),
+        values=_with_ones(_real_blocks(value, key_index, block_size).to(work)),
         kv_heads=kv_heads,
         n_blocks=n_blocks,
         block_size=block_size,
@@ -123,8 +123,15 @@ def attend_selected(
     return torch.cat(outputs, dim=2).to(query.dtype)
 
 
+def _with_ones(values: torch.Tensor) -> torch.Tensor:
+    """``(…, D)`` → ``(…, D + 1)`` with a last column of ones: ``p @ [v, 1]`` gives ``p @ v`` and the row sums of
+    ``p`` in one matmul."""
+    return torch.cat([values, values.new_ones(*values.shape[:-1], 1)], dim=-1)
+
+
 class _KeyBlocks:
-    """K and V of every (row, KV head) cut into blocks over the real tokens: ``(B·Hk·Mk, bs, D)`` each."""
+    """K and V of every (row, KV head) cut into blocks over the real tokens: ``(B·Hk·Mk, bs, D)``; the values carry
+    an extra column of ones (:func:`_with_ones`)."""
 
     def __init__(self, keys, values, kv_heads: int, n_blocks: int, block_size: int):
         self.keys, self.values = keys, values
@@ -163,15 +170,15 @@ def _attend_range(q_range, q_pos, keep, blocks: _KeyBlocks, dropout: float) -> t
     )
     flat_q = torch.cat([q_range.reshape(rows_total, dim), q_range.new_zeros(1, dim)])  # + a padding row
     pos_flat = torch.cat([q_pos[:, None, :].expand(batch, heads, n_rows).reshape(-1), q_pos.new_full((1,), -1)])
-    numerator = q_range.new_zeros(rows_total + 1, dim)
-    denominator = q_range.new_zeros(rows_total + 1)
+    # per token: Σ p·v in the first D columns, Σ p in the last (the values' column of ones)
+    sums = q_range.new_zeros(rows_total + 1, dim + 1)
     # a token's pairs stay together: cut the range where the running pair count crosses the score budget
     per_token = torch.bincount(pairs.token, minlength=n_rows)
     cuts = _piece_bounds(per_token, max(1, _MAX_SCORE_ELEMENTS // blocks.block_size))
     for start, stop in cuts:
         piece = pairs if len(cuts) == 1 else pairs.subset((pairs.token >= start) & (pairs.token < stop))
-        numerator, denominator = _attend_piece(flat_q, pos_flat, piece, blocks, dropout, numerator, denominator)
-    out = numerator[:rows_total] / denominator[:rows_total, None].clamp_min(torch.finfo(torch.float32).tiny)
+        sums = _attend_piece(flat_q, pos_flat, piece, blocks, dropout, sums)
+    out = sums[:rows_total, :dim] / sums[:rows_total, dim:].clamp_min(torch.finfo(torch.float32).tiny)
     return out.view(batch, heads, n_rows, dim)
 
 
@@ -201,17 +208,15 @@ def _piece_bounds(per_token: torch.Tensor, budget: int) -> list[tuple[int, int]]
     return bounds
 
 
-def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, numerator, denominator):
-    """Every pair of a piece (whole tokens): scores, each token's maximum over its pairs, then ``exp(s − max)``, row
-    sums and ``p @ v`` added to the tokens' ``numerator`` / ``denominator`` rows (returned)."""
+def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, sums):
+    """Every pair of a piece (whole tokens): scores, each token's maximum over its pairs, then ``exp(s − max)``;
+    ``p @ [v, 1]`` added to the tokens' rows of ``sums`` (returned: Σ p·v and Σ p per token)."""
     pad_row = flat_q.shape[0] - 1
     buckets = []
     for masked in (False, True):
         chosen = pairs.own if masked else ~pairs.own
         if bool(chosen.any()):
             buckets.extend(_bucketed_items(pairs.block[chosen], pairs.row[chosen], pad_row, masked))
-    if not buckets:
-        return numerator, denominator
     # pass 1: scores of every item, and each token's largest score over all its pairs
     scores = []
     row_max = flat_q.new_full((pad_row + 1,), float("-inf"))
@@ -220,19 +225,19 @@ def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: 
         scores.append(s)
         row_max.scatter_reduce_(0, bucket.rows.flatten(), s.detach().amax(-1).flatten(), "amax")
     row_max = row_max.masked_fill(~torch.isfinite(row_max), 0.0)
-    # pass 2: exp(s − max), the row sums and p @ v, added up per token
-    inplace = not torch.is_grad_enabled()  # inference: reuse the score buffers
+    # pass 2: exp(s − max), then p @ [v, 1] added up per token
+    inplace = not torch.is_grad_enabled()  # inference: reuse the score buffers and accumulate in place
     for bucket, s in zip(buckets, scores, strict=True):
         shift = row_max[bucket.rows][..., None]
         p = s.sub_(shift).exp_() if inplace else torch.exp(s - shift)
-        rows = bucket.rows.flatten()
+        values = blocks.values.index_select(0, bucket.blocks)
+        if dropout:  # dropped weights for p @ v, the undropped row sums for the normaliser
+            pv = torch.cat([torch.matmul(F.dropout(p, p=dropout), values[..., :-1]), p.sum(-1, keepdim=True)], -1)
+        else:
+            pv = torch.matmul(p, values)
         add = torch.Tensor.index_add_ if inplace else torch.Tensor.index_add  # autograd: a fresh accumulator
-        denominator = add(denominator, 0, rows, p.sum(-1).flatten())
-        if dropout:
-            p = F.dropout(p, p=dropout)
-        pv = torch.matmul(p, blocks.values.index_select(0, bucket.blocks))
-        numerator = add(numerator, 0, rows, pv.flatten(0, 1))
-    return numerator, denominator
+        sums = add(sums, 0, bucket.rows.flatten(), pv.flatten(0, 1))
+    return sums
 
 
 class _Bucket:
