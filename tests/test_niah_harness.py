@@ -462,17 +462,30 @@ def _saved_tiny_gpt2(tokenizer, tmp_path):
 
 
 def _selection_spy(monkeypatch):
-    """Records the CABParams of every CAB selection; returns (the list, the spy) so callers can patch more places."""
+    """Records the selection rule of every CAB attention call's selection (a namespace of the rule's fields);
+    returns (the list, the spy) so callers can patch more places."""
+    from types import SimpleNamespace
+
     from hf_icl.attention import cab
 
-    seen, original = [], cab.select_cab_blocks
+    seen, original = [], cab.token_block_selector
+
+    def spy(query, key, **rule):
+        seen.append(SimpleNamespace(**rule))
+        return original(query, key, **rule)
+
+    monkeypatch.setattr(cab, "token_block_selector", spy)
+    return seen, spy
+
+
+def _params_spy(seen, original):
+    """A stand-in for ``select_cab_blocks(query, key, params, ...)`` that records ``params`` in ``seen``."""
 
     def spy(query, key, params, *args, **kwargs):
         seen.append(params)
         return original(query, key, params, *args, **kwargs)
 
-    monkeypatch.setattr(cab, "select_cab_blocks", spy)
-    return seen, spy
+    return spy
 
 
 def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
@@ -846,8 +859,8 @@ def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
 
 def test_cli_passes_topk_and_score_to_the_config(tokenizer, tmp_path, monkeypatch):
     saved = _saved_tiny_gpt2(tokenizer, tmp_path)
-    seen, spy = _selection_spy(monkeypatch)
-    monkeypatch.setattr(niah, "select_cab_blocks", spy)
+    seen, _ = _selection_spy(monkeypatch)
+    monkeypatch.setattr(niah, "select_cab_blocks", _params_spy(seen, niah.select_cab_blocks))
     out = tmp_path / "topk"
     argv = ["niah", "--model", str(saved), "--lengths", "96", "--depths", "0.5", "--samples", "1"]
     argv += ["--policies", "magnitude", "--sparsities", "0.5", "--budget", "topk", "--topk", "2", "--score", "mean"]
