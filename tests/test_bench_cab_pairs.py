@@ -12,7 +12,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hf_icl.attention.cab import CABParams, select_cab_blocks
-from hf_icl.attention.token_selection import achieved_sparsity
+from hf_icl.kernels.token_selection.rule import achieved_sparsity
 from hf_icl.benchmarks import cab_pairs
 from hf_icl.benchmarks.cab import parse_args
 from hf_icl.kernels.block_sparse_reference import selected_block_indices

@@ -18,7 +18,7 @@ from transformers import DynamicCache, GPT2Config, GPT2LMHeadModel, LlamaConfig,
 import hf_icl
 import hf_icl.attention.cab as cab_module
 import hf_icl.attention.cab_cache as cab_cache
-import hf_icl.attention.token_selection as token_selection
+import hf_icl.kernels.token_selection.rule as token_selection
 from hf_icl.attention.cab import POLICIES, CABParams
 from hf_icl.attention.cab_cache import (
     CABCache,
@@ -30,7 +30,7 @@ from hf_icl.attention.cab_cache import (
     summary_kinds,
     use_cab_cache,
 )
-from hf_icl.attention.token_selection import SCORES, key_block_summaries, select_token_blocks
+from hf_icl.kernels.token_selection.rule import SCORES, key_block_summaries, select_token_blocks
 
 VOCAB = 97
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf_icl.attention.token_selection import achieved_sparsity, select_token_blocks
+from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
 
 BS = 16
 

@@ -30,6 +30,6 @@ from .selection import (
     select_blocks,
     true_block_mass,
 )
-from .token_selection import SCORES, achieved_sparsity, select_token_blocks
+from ..kernels.token_selection.rule import SCORES, achieved_sparsity, select_token_blocks
 
 register_cab()

@@ -1,7 +1,7 @@
 """CAB as a transformers attention implementation: ``attn_implementation="cab"``.
 
 Per layer and head, every query token picks its own key blocks from the complete blocks before its own
-(:mod:`.token_selection`: causal by construction, so teacher-forced logits equal step-by-step generation), always
+(:mod:`hf_icl.kernels.token_selection.rule`: causal by construction, so teacher-forced logits equal step-by-step generation), always
 keeping its own block and the sink blocks; then exact softmax attention runs over the chosen blocks only, with work
 that follows the selected (token, block) pairs (:mod:`hf_icl.kernels.token_sparse`). Blocks, sinks and budgets are
 laid over each row's real tokens, so a padded batch gives what each row gives alone. Hyperparameters live on
@@ -37,7 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from ..kernels._common import triton
 from ..kernels.block_sparse_attention import expand_kv
 from ..kernels.block_sparse_reference import real_positions
-from ..kernels.token_selection_triton import fused_selection_unsupported, selection_width
+from ..kernels.token_selection.fused import fused_selection_unsupported, selection_width
 from ..kernels.token_sparse import (
     KERNEL_HEAD_DIMS,
     attend_selected,
@@ -57,7 +57,7 @@ from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's
     cab_params_of,
     config_field,
 )
-from .token_selection import (  # noqa: F401  (SCORES: re-exported)
+from ..kernels.token_selection.rule import (  # noqa: F401  (SCORES: re-exported)
     SCORES,
     fused_block_selector,
     select_token_blocks,
@@ -336,7 +336,7 @@ def select_cab_blocks(
     """The per-token selection CAB attends over: ``(B, H, Nq, Mk)`` bool, query token t attends key block j.
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)`` (``q_offset``,
-    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`.token_selection`. (The
+    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`hf_icl.kernels.token_selection.rule`. (The
     attention call itself never holds this whole tensor: it selects range by range, or as block lists.)
     """
     _check_offset(query, key, q_offset)
@@ -359,7 +359,7 @@ def select_cab_block_indices(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same selection as block lists: ``indices (B, H, Nq, W)`` int32 (ascending kept block ids, the first
     ``counts`` valid, the rest repeating the last) and ``counts (B, H, Nq)`` int32; ``W`` is
-    :func:`~hf_icl.kernels.token_selection_triton.selection_width`. On CUDA (and unpadded) the fused kernel emits
+    :func:`~hf_icl.kernels.token_selection.fused.selection_width`. On CUDA (and unpadded) the fused kernel emits
     them directly; elsewhere the PyTorch rule runs range by range and each range's bool selection is listed."""
     n_q, n_k = query.shape[2], key.shape[2]
     n_blocks = -(-n_k // params.block_size)

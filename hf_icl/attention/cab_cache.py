@@ -5,8 +5,8 @@ can pick blocks. Here a :class:`CABCache` (a ``transformers.DynamicCache``) keep
 summaries of every *complete* key block (element-wise min and max keys for ``cab_score="bound"``, mean keys for
 ``"mean"`` and for the FRC policies' two-hop term, the largest-norm key for ``"max_l2"``) and summarises only the
 blocks that an ``update()`` completes. A decode step then scores ``O(blocks · D)`` of metadata and runs the sparse
-attention over the kept blocks. The summaries are :func:`~.token_selection.key_block_summaries` of the new blocks,
-so they equal that function on the whole cache; the selection from them is the rule of :mod:`.token_selection`
+attention over the kept blocks. The summaries are :func:`~hf_icl.kernels.token_selection.rule.key_block_summaries` of the new blocks,
+so they equal that function on the whole cache; the selection from them is the rule of :mod:`hf_icl.kernels.token_selection.rule`
 (candidates are complete blocks only, so the partial last block's summary is never needed: it scores as zeros).
 
 How the attention function finds them. transformers hands an attention function the key tensor that the cache
@@ -54,9 +54,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
-from ..kernels.token_selection_triton import fused_selection_unsupported, select_token_blocks_triton
+from ..kernels.token_selection.fused import fused_selection_unsupported, select_token_blocks_triton
 from .cab_params import NAME, CABParams
-from .token_selection import (
+from ..kernels.token_selection.rule import (
     _FRC_POLICIES,
     _hop_matrix,
     apply_selection_rule,
@@ -81,7 +81,7 @@ _BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 
 def summary_kinds(params) -> tuple[str, ...]:
-    """The :func:`~.token_selection.key_block_summaries` kinds CAB's selection under ``params`` (a
+    """The :func:`~hf_icl.kernels.token_selection.rule.key_block_summaries` kinds CAB's selection under ``params`` (a
     :class:`~.cab.CABParams`) reads: the score's, plus ``"mean"`` for the FRC policies' hop; none for the
     policies that read no keys (``dense``, ``streaming``) or all of them (``oracle``).
 
@@ -195,7 +195,7 @@ class KeyBlockSummaries:
         return tuple(buffer[:, :, :n_blocks] for buffer in self._buffers[kind])
 
     def hop_matrix(self, score: str, n_blocks: int, scaling: float) -> torch.Tensor:
-        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~.token_selection._hop_matrix` (per KV head), reused
+        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~hf_icl.kernels.token_selection.rule._hop_matrix` (per KV head), reused
         while the block count stays the same."""
         key = (score, n_blocks, self.n_blocks, float(scaling))
         if self._hop is None or self._hop[0] != key:
@@ -422,7 +422,7 @@ def cached_block_indices(
 def select_blocks_from_summaries(
     query: torch.Tensor, n_k: int, summaries: KeyBlockSummaries, params, scaling: float
 ) -> torch.Tensor:
-    """The rule of :mod:`.token_selection` for unpadded queries that are the last ``Nq`` of ``n_k`` positions,
+    """The rule of :mod:`hf_icl.kernels.token_selection.rule` for unpadded queries that are the last ``Nq`` of ``n_k`` positions,
     scored against cached block summaries instead of the keys: ``(B, H, Nq, Mk)`` bool. ``params`` is a
     :class:`~.cab.CABParams` (any policy but ``oracle``).
 

@@ -13,14 +13,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels._common import BACKENDS
 from ..validation import check_choice, check_float, check_int
-from .token_selection import SCORES, TOKEN_POLICIES
+from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
 
 __all__ = ["BUDGETS", "CABParams", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
 
 NAME = "cab"
 #: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
 POLICIES = TOKEN_POLICIES
-BUDGETS = ("row", "topk")
 DECODE_MODES = ("sparse", "dense")
 #: values that earlier releases accepted and that cannot be causal, with why
 _NOT_CAUSAL = {
@@ -80,7 +79,7 @@ class CABParams:
         check_choice("cab_backend", self.backend, BACKENDS)
 
     def selection_rule(self) -> dict:
-        """The fields of the per-token selection rule (:func:`.token_selection.apply_selection_rule`'s keywords)."""
+        """The fields of the per-token selection rule (:func:`hf_icl.kernels.token_selection.rule.apply_selection_rule`'s keywords)."""
         names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
         return {name: getattr(self, name) for name in (*names, "lam", "magnitude_fraction")}
 

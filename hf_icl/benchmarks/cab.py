@@ -44,7 +44,7 @@ from transformers import DynamicCache
 
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.cab_cache import CABCache
-from hf_icl.attention.token_selection import achieved_sparsity, select_token_blocks
+from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
 from hf_icl.kernels.block_sparse_reference import selected_block_indices
 from hf_icl.kernels.coarsen import coarsen_max_l2

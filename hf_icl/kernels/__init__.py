@@ -1,6 +1,6 @@
 """Triton kernels with their PyTorch references and dispatchers: CAB's block-sparse attention (and its per-token
 executor), CAB's fused per-token block selection (its reference and dispatcher are
-:func:`hf_icl.attention.token_selection.select_token_blocks`) and causal linear attention.
+:mod:`hf_icl.kernels.token_selection`) and causal linear attention.
 
 Importing this package never requires triton: kernels are only defined when it is importable.
 """
@@ -25,7 +25,7 @@ from .linear_attention import (
     linear_attention_state,
     linear_attention_step,
 )
-from .token_selection_triton import fused_selection_unsupported, select_token_blocks_triton, selection_width
+from .token_selection.fused import fused_selection_unsupported, select_token_blocks_triton, selection_width
 
 __all__ = [
     "block_sparse_attention_backward_triton",

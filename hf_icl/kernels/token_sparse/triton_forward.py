@@ -1,7 +1,7 @@
 """Per-token block-sparse causal attention, forward, in Triton: key-block-major work, log-sum-exp merge (MoBA style).
 
 Every query token ``(b, h, t)`` attends the keys of its own list of key blocks (``indices``/``counts``, as
-:func:`hf_icl.kernels.token_selection_triton.select_token_blocks_triton` returns them), with causality at token
+:func:`hf_icl.kernels.token_selection.fused.select_token_blocks_triton` returns them), with causality at token
 level (key position ≤ query position ``q_offset + t``) and, with ``lengths``, only the row's real keys.
 
 Why key-block-major (MoBA, arXiv 2502.13189). Each token has its own selection, so a query-block-major kernel (the

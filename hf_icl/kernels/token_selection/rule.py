@@ -27,7 +27,7 @@ candidates (a running, causal normalisation); the two-hop term is ``Σ_r A[r] ·
 decode step has no past queries); ``FRC = A - lam * two_hop / n_candidates``.
 
 Backends. This module's PyTorch code is the reference. ``backend="auto"`` runs the fused Triton kernel
-(:mod:`hf_icl.kernels.token_selection_triton`: scores, forced blocks, budgets and top-k in one launch, no host sync)
+(:mod:`hf_icl.kernels.token_selection.fused`: scores, forced blocks, budgets and top-k in one launch, no host sync)
 on CUDA for unpadded inputs and every policy but ``oracle``, and this reference elsewhere; ``"triton"`` insists.
 The kernel's selection logic is the reference's bit for bit; its float32 scores may differ from PyTorch's matmul by
 rounding (summation order), which can only matter for candidates whose ranks lie within rounding of each other.
@@ -39,11 +39,13 @@ import functools
 
 import torch
 
-from ..kernels._common import resolve_backend
-from ..kernels.block_sparse_reference import real_positions
-from ..kernels.coarsen import coarsen_one_max_l2
-from ..kernels.token_selection_triton import fused_selection_unsupported, select_token_blocks_triton
-from .selection import _top_among
+from .._common import resolve_backend
+from ..block_sparse_reference import real_positions
+from ..coarsen import coarsen_one_max_l2
+from .fused import fused_selection_unsupported, select_token_blocks_triton
+from .policies import FRC_POLICIES as _FRC_POLICIES
+from .policies import SCORES, TOKEN_POLICIES
+from .topk import top_among as _top_among
 
 __all__ = [
     "SCORES",
@@ -60,9 +62,6 @@ __all__ = [
     "token_frc_scores",
 ]
 
-SCORES = ("bound", "mean", "max_l2")
-TOKEN_POLICIES = ("dense", "frc", "frc_low", "hybrid", "magnitude", "oracle", "streaming")
-_FRC_POLICIES = ("frc", "frc_low", "hybrid")
 
 
 # -- block summaries and scores --------------------------------------------------------------------
@@ -355,7 +354,7 @@ def selection_backend(
     """Which implementation runs a selection: ``"triton"`` (the fused kernel) or ``"reference"``.
 
     ``"auto"`` takes the kernel for CUDA queries when it supports the call (unpadded, any policy but ``oracle``, at
-    most :data:`~hf_icl.kernels.token_selection_triton.MAX_KEY_BLOCKS` key blocks) and the reference otherwise;
+    most :data:`~hf_icl.kernels.token_selection.fused.MAX_KEY_BLOCKS` key blocks) and the reference otherwise;
     ``"triton"`` insists and raises a ``ValueError`` naming what is unsupported.
 
         >>> selection_backend("auto", torch.zeros(1, 1, 4, 8), 64, 16, "magnitude")  # a CPU tensor
@@ -373,7 +372,7 @@ def selection_backend(
 
 def select_token_blocks_fused(query, key, *, scaling, score, **rule) -> tuple[torch.Tensor, torch.Tensor]:
     """The fused kernel's selection as block lists ``(indices, counts)`` (see
-    :func:`~hf_icl.kernels.token_selection_triton.select_token_blocks_triton`), no host sync."""
+    :func:`~hf_icl.kernels.token_selection.fused.select_token_blocks_triton`), no host sync."""
     return fused_block_selector(key, scaling=scaling, score=score, **rule)(query, key.shape[2])
 
 

@@ -1,6 +1,6 @@
 """CAB's per-token block selection as one fused Triton kernel: block scores, forced blocks, budgets and top-k.
 
-The rule is :mod:`hf_icl.attention.token_selection`'s (its :func:`~hf_icl.attention.token_selection.select_token_blocks`
+The rule is :mod:`hf_icl.kernels.token_selection.rule`'s (its :func:`~hf_icl.kernels.token_selection.rule.select_token_blocks`
 is the PyTorch reference and the dispatcher). Query token ``t`` sits at position ``p = n_keys - Nq + t``, its own
 block is ``c = p // block_size``; it keeps its local window ``c - local_blocks < j <= c`` and the sinks
 ``j < sink_blocks``, then the best candidates ``sink_blocks <= j <= c - local_blocks`` up to its budget (``row``:
@@ -48,8 +48,11 @@ import struct
 
 import torch
 
-from ..validation import check_choice, check_float, check_int, check_scaling
-from ._common import SUPPORTED_DTYPES, check_attention_tensor, check_kernel_runnable, is_interpreted, tl, triton
+from ...validation import check_choice, check_float, check_int, check_scaling
+from .._common import SUPPORTED_DTYPES, check_attention_tensor, check_kernel_runnable, is_interpreted, tl, triton
+from .policies import FRC_POLICIES as _FRC_POLICIES
+from .policies import FUSED_BUDGETS, FUSED_POLICIES
+from .policies import SCORED_POLICIES as _SCORED_POLICIES
 
 __all__ = [
     "FUSED_BUDGETS",
@@ -60,14 +63,9 @@ __all__ = [
     "select_token_blocks_triton",
 ]
 
-#: policies the kernel runs (``oracle`` needs the dense attention mass, which is no selection speed-up)
-FUSED_POLICIES = ("dense", "streaming", "magnitude", "frc", "frc_low", "hybrid")
-FUSED_BUDGETS = ("row", "topk")
 #: the kernel holds a row's score for every key block in registers: 4096 blocks = 256k tokens at block size 64
 MAX_KEY_BLOCKS = 4096
 _POLICY_CODES = {name: code for code, name in enumerate(FUSED_POLICIES)}
-_FRC_POLICIES = ("frc", "frc_low", "hybrid")
-_SCORED_POLICIES = ("magnitude", *_FRC_POLICIES)
 # a program's tile of scores, rows × key blocks: at most this many float32 values and 64 rows. Compiled for sm_90,
 # 8192 values on 8 warps take ~200 registers a thread without spilling for magnitude; FRC holds three such tiles,
 # so it takes half (not yet timed on a GPU: a tuning knob)
@@ -513,7 +511,7 @@ def select_token_blocks_triton(
     Args:
         query: ``(B, H, Nq, D)``, the last ``Nq`` of ``n_keys`` positions (no padding), fp32 / fp16 / bf16.
         summaries: float32 ``(B, Hk, Mk, D)`` key-block summaries of the score (``(kmin, kmax)`` for ``"bound"``,
-            ``(kmean,)``, ``(krep,)``): :func:`hf_icl.attention.token_selection.key_block_summaries`, or a cache's
+            ``(kmean,)``, ``(krep,)``): :func:`hf_icl.kernels.token_selection.rule.key_block_summaries`, or a cache's
             (at least the complete blocks before the last query's own block). Unused (may be None) for
             ``streaming`` and ``dense``.
         n_keys: keys in the sequence (queries included); ``Mk = ceil(n_keys / block_size)``.
@@ -521,7 +519,7 @@ def select_token_blocks_triton(
             scored against block ``k < r``, rows min–max normalised; one per KV head).
         return_indices: also return ``indices (B, H, Nq, W)`` int32 and ``counts (B, H, Nq)`` int32.
 
-    The other arguments are :func:`~hf_icl.attention.token_selection.select_token_blocks`'s.
+    The other arguments are :func:`~hf_icl.kernels.token_selection.rule.select_token_blocks`'s.
 
         >>> import torch
         >>> q = torch.randn(1, 2, 1, 32)
