@@ -3,14 +3,16 @@
 
     python scripts/profile_cab_model.py --model DIR --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --length 8000
 
-Prints the dense and CAB forward times, their ratio, and the executed pairs as a fraction of the dense causal pairs
-(the work follows the pairs: key block by key block, the queries that chose a block attend to it).
+Prints the dense and CAB forward times (medians of ``--repeats`` forwards each, dense and CAB alternating, so a
+machine busy with other work slows both alike), their ratio, and the executed pairs as a fraction of the dense causal
+pairs (the work follows the pairs: key block by key block, the queries that chose a block attend to it).
 Both forwards run in the same process on the same prompt; a warm-up forward runs first.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -40,7 +42,10 @@ def main() -> None:
     parser.add_argument(
         "--min-seq-len", type=int, default=None, help="tokens before it attend densely (None: CAB's default, 1024)"
     )
+    parser.add_argument("--repeats", type=int, default=3, help="forwards of each, alternating (median reported)")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
 
     tokenizer = AutoTokenizer.from_pretrained(args.model, gguf_file=args.gguf_file)
     model = AutoModelForCausalLM.from_pretrained(args.model, gguf_file=args.gguf_file, dtype=torch.float32).eval()
@@ -51,7 +56,6 @@ def main() -> None:
 
     model.set_attn_implementation("sdpa")
     _timed_forward(model, ids[:, : args.block_size * 4])  # warm-up
-    dense = _timed_forward(model, ids)
 
     # the pairs the PyTorch path runs, recorded range by range as the selection is handed to it
     pairs = {"kept": 0, "visible": 0}
@@ -70,15 +74,25 @@ def main() -> None:
         return attend(query, key, value, counted, **options)
 
     knobs = {} if args.min_seq_len is None else {"min_seq_len": args.min_seq_len}
-    enable_cab(model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, **knobs)
-    cab_module.attend_selected = recording
-    try:
-        cab = _timed_forward(model, ids)
-    finally:
-        cab_module.attend_selected = attend
+    dense_times, cab_times = [], []
+    for repeat in range(args.repeats):
+        model.set_attn_implementation("sdpa")
+        dense_times.append(_timed_forward(model, ids))
+        enable_cab(
+            model, sparsity=args.sparsity, block_size=args.block_size, policy=args.policy, score=args.score, **knobs
+        )
+        cab_module.attend_selected = recording if repeat == 0 else attend  # count the pairs once
+        try:
+            cab_times.append(_timed_forward(model, ids))
+        finally:
+            cab_module.attend_selected = attend
+    dense, cab = statistics.median(dense_times), statistics.median(cab_times)
     print(f"prompt: {ids.shape[1]} tokens; threads: {torch.get_num_threads()}")
-    print(f"dense SDPA forward: {dense:.2f} s")
-    print(f"CAB {args.policy}@{args.sparsity} forward: {cab:.2f} s ({dense / cab:.2f}x dense)")
+    print(f"dense SDPA forward: {dense:.2f} s (median of {', '.join(f'{t:.2f}' for t in dense_times)})")
+    print(
+        f"CAB {args.policy}@{args.sparsity} forward: {cab:.2f} s (median of {', '.join(f'{t:.2f}' for t in cab_times)};"
+        f" {dense / cab:.2f}x dense)"
+    )
     ratio = pairs["kept"] / max(1, pairs["visible"])
     print(f"executed (token, block) pairs / dense causal pairs: {ratio:.3f} (achieved sparsity {1 - ratio:.3f})")
 

@@ -39,9 +39,9 @@ from ..block_sparse_reference import real_positions
 __all__ = ["attend_selected", "query_range_length", "token_sparse_attention_torch"]
 
 #: cap on the float32 scores one piece holds ((queries × keys) summed over its items): bounds the executor's memory
-_MAX_SCORE_ELEMENTS = 1 << 22
+_MAX_SCORE_ELEMENTS = 1 << 21
 #: cap on the selection one range holds (batch × heads × tokens × key blocks booleans, and the block scores behind it)
-_MAX_SELECTION_ELEMENTS = 1 << 22
+_MAX_SELECTION_ELEMENTS = 1 << 21
 #: the most queries one work item takes from a key block; items run in buckets of 8, 16, ..., this many queries
 _MAX_ITEM = 128
 _MIN_ITEM = 8
@@ -106,32 +106,32 @@ def attend_selected(
     work = torch.promote_types(query.dtype, torch.float32)  # scores and sums: float32 at least
     blocks = _KeyBlocks(
         keys=_real_blocks(key, key_index, block_size).to(work),
-        values=_with_ones(_real_blocks(value, key_index, block_size).to(work)),
+        values=_real_blocks(value, key_index, block_size).to(work),
         kv_heads=kv_heads,
         n_blocks=n_blocks,
         block_size=block_size,
     )
     if range_length is None:
         range_length = query_range_length(batch, heads, n_q, n_blocks, block_size)
+    ranges = [(start, min(n_q, start + range_length)) for start in range(0, n_q, range_length)]
     outputs = []
-    for start in range(0, n_q, range_length):
-        stop = min(n_q, start + range_length)
+    for start, stop in ranges:
         keep = select(start, stop)
-        q_range = (query[:, :, start:stop].to(work) * scaling).contiguous()
+        q_range = query[:, :, start:stop].to(work) * scaling
         pos = q_pos[:, start:stop].expand(batch, -1)
-        outputs.append(_attend_range(q_range, pos, keep, blocks, dropout))
-    return torch.cat(outputs, dim=2).to(query.dtype)
-
-
-def _with_ones(values: torch.Tensor) -> torch.Tensor:
-    """``(…, D)`` → ``(…, D + 1)`` with a last column of ones: ``p @ [v, 1]`` gives ``p @ v`` and the row sums of
-    ``p`` in one matmul."""
-    return torch.cat([values, values.new_ones(*values.shape[:-1], 1)], dim=-1)
+        outputs.append(_attend_range(q_range, pos, keep, blocks, dropout).to(query.dtype))
+    if len(outputs) == 1:
+        return outputs[0]
+    if torch.is_grad_enabled():
+        return torch.cat(outputs, dim=2)
+    out = query.new_empty(batch, heads, n_q, dim)  # inference: each range written in place as it is done
+    for (start, stop), piece in zip(ranges, outputs, strict=True):
+        out[:, :, start:stop] = piece
+    return out
 
 
 class _KeyBlocks:
-    """K and V of every (row, KV head) cut into blocks over the real tokens: ``(B·Hk·Mk, bs, D)``; the values carry
-    an extra column of ones (:func:`_with_ones`)."""
+    """K and V of every (row, KV head) cut into blocks over the real tokens: ``(B·Hk·Mk, bs, D)`` each."""
 
     def __init__(self, keys, values, kv_heads: int, n_blocks: int, block_size: int):
         self.keys, self.values = keys, values
@@ -170,7 +170,7 @@ def _attend_range(q_range, q_pos, keep, blocks: _KeyBlocks, dropout: float) -> t
     )
     flat_q = torch.cat([q_range.reshape(rows_total, dim), q_range.new_zeros(1, dim)])  # + a padding row
     pos_flat = torch.cat([q_pos[:, None, :].expand(batch, heads, n_rows).reshape(-1), q_pos.new_full((1,), -1)])
-    # per token: Σ p·v in the first D columns, Σ p in the last (the values' column of ones)
+    # per token: Σ p·v in the first D columns, Σ p in the last
     sums = q_range.new_zeros(rows_total + 1, dim + 1)
     # a token's pairs stay together: cut the range where the running pair count crosses the score budget
     per_token = torch.bincount(pairs.token, minlength=n_rows)
@@ -210,7 +210,7 @@ def _piece_bounds(per_token: torch.Tensor, budget: int) -> list[tuple[int, int]]
 
 def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, sums):
     """Every pair of a piece (whole tokens): scores, each token's maximum over its pairs, then ``exp(s − max)``;
-    ``p @ [v, 1]`` added to the tokens' rows of ``sums`` (returned: Σ p·v and Σ p per token)."""
+    ``[p @ v, Σ p]`` added to the tokens' rows of ``sums`` (returned: Σ p·v and Σ p per token)."""
     pad_row = flat_q.shape[0] - 1
     buckets = []
     for masked in (False, True):
@@ -225,16 +225,15 @@ def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: 
         scores.append(s)
         row_max.scatter_reduce_(0, bucket.rows.flatten(), s.detach().amax(-1).flatten(), "amax")
     row_max = row_max.masked_fill(~torch.isfinite(row_max), 0.0)
-    # pass 2: exp(s − max), then p @ [v, 1] added up per token
+    # pass 2: exp(s − max), then [p @ v, Σ p] added up per token
     inplace = not torch.is_grad_enabled()  # inference: reuse the score buffers and accumulate in place
     for bucket, s in zip(buckets, scores, strict=True):
         shift = row_max[bucket.rows][..., None]
         p = s.sub_(shift).exp_() if inplace else torch.exp(s - shift)
-        values = blocks.values.index_select(0, bucket.blocks)
-        if dropout:  # dropped weights for p @ v, the undropped row sums for the normaliser
-            pv = torch.cat([torch.matmul(F.dropout(p, p=dropout), values[..., :-1]), p.sum(-1, keepdim=True)], -1)
-        else:
-            pv = torch.matmul(p, values)
+        row_sums = p.sum(-1, keepdim=True)  # before dropout: the normaliser is the undropped sum
+        if dropout:
+            p = F.dropout(p, p=dropout)
+        pv = torch.cat([torch.matmul(p, blocks.values.index_select(0, bucket.blocks)), row_sums], dim=-1)
         add = torch.Tensor.index_add_ if inplace else torch.Tensor.index_add  # autograd: a fresh accumulator
         sums = add(sums, 0, bucket.rows.flatten(), pv.flatten(0, 1))
     return sums
