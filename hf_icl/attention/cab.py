@@ -374,7 +374,7 @@ def select_cab_block_indices(
         )
     width = _width(params, n_k) if params.policy != "oracle" else n_blocks
     select = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
-    step = max(params.block_size, (1 << 22) // max(1, query.shape[0] * query.shape[1] * n_blocks))
+    step = query_range_length(query.shape[0], query.shape[1], n_q, n_blocks, params.block_size)
     pieces = [keep_to_indices(select(s, min(n_q, s + step)), width) for s in range(0, n_q, step)]
     return torch.cat([p[0] for p in pieces], dim=2), torch.cat([p[1] for p in pieces], dim=2)
 
