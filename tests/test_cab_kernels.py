@@ -230,3 +230,28 @@ def test_the_selection_alone_runs_range_by_range_as_the_call_does(backend, monke
     else:
         assert ranges == 1 and asked == [(0, 80)]
     assert cab_module.run_selection_only(q, k, CABParams(**{**SPARSE, "min_seq_len": 1024}), 32**-0.5) == 0
+
+
+def test_the_config_is_parsed_once_per_config_and_again_only_when_a_field_changes(monkeypatch):
+    """Every layer of every decode step asks for the CAB parameters: they are parsed once per config object, and a
+    changed cab_* field is seen at the next call."""
+    from transformers import PretrainedConfig
+
+    from hf_icl.attention import cab_params
+
+    calls = []
+    real = cab_params.CABParams.from_config.__func__
+
+    def counted(cls, config):
+        calls.append(config)
+        return real(cls, config)
+
+    monkeypatch.setattr(cab_params.CABParams, "from_config", classmethod(counted))
+    config = PretrainedConfig(**CABParams(sparsity=0.5).to_config_fields())
+    first = [cab_params.cab_params_of(config) for _ in range(5)]
+    assert len(calls) == 1 and all(p == first[0] for p in first)
+    config.cab_sparsity = 0.75
+    assert cab_params.cab_params_of(config).sparsity == 0.75 and len(calls) == 2
+    config.cab_sparsty = 0.1  # a typo is still refused when the fields change
+    with pytest.raises(ValueError, match="unknown CAB field 'cab_sparsty'"):
+        cab_params.cab_params_of(config)
