@@ -12,11 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from hf_icl.attention.cab import CABParams, select_cab_blocks
-from hf_icl.kernels.token_selection.rule import achieved_sparsity
 from hf_icl.benchmarks import cab_pairs
 from hf_icl.benchmarks.cab import parse_args
 from hf_icl.kernels.block_sparse_reference import selected_block_indices
 from hf_icl.kernels.roofline import dense_causal_pairs, token_sparse_work
+from hf_icl.kernels.token_selection.rule import achieved_sparsity
 
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "capture_cab_qk.py"
 

@@ -20,20 +20,20 @@ import pytest
 import torch
 from kernel_helpers import DEVICE, needs_triton
 
-from hf_icl.kernels.token_selection import rule as ts
 from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
-from hf_icl.kernels.token_selection.rule import (
-    key_block_summaries,
-    select_token_blocks,
-    selection_backend,
-    token_block_scores,
-)
 from hf_icl.kernels.block_sparse_decode import block_sparse_decode_reference, block_sparse_decode_triton
+from hf_icl.kernels.token_selection import rule as ts
 from hf_icl.kernels.token_selection.fused import (
     FUSED_POLICIES,
     MAX_KEY_BLOCKS,
     select_token_blocks_triton,
     selection_width,
+)
+from hf_icl.kernels.token_selection.rule import (
+    key_block_summaries,
+    select_token_blocks,
+    selection_backend,
+    token_block_scores,
 )
 
 POLICIES = FUSED_POLICIES  # dense, streaming, magnitude, frc, frc_low, hybrid

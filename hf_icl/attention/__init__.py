@@ -10,6 +10,7 @@ from ..kernels.block_sparse_reference import (
     selected_block_indices,
     token_keep_mask,
 )
+from ..kernels.token_selection.rule import SCORES, achieved_sparsity, select_token_blocks
 from ..kernels.token_sparse import token_sparse_attention
 from .cab import BUDGETS, POLICIES, CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
 from .cab_cache import (
@@ -30,6 +31,5 @@ from .selection import (
     select_blocks,
     true_block_mass,
 )
-from ..kernels.token_selection.rule import SCORES, achieved_sparsity, select_token_blocks
 
 register_cab()

@@ -1,11 +1,11 @@
 """CAB as a transformers attention implementation: ``attn_implementation="cab"``.
 
 Per layer and head, every query token picks its own key blocks from the complete blocks before its own
-(:mod:`hf_icl.kernels.token_selection.rule`: causal by construction, so teacher-forced logits equal step-by-step generation), always
-keeping its own block and the sink blocks; then exact softmax attention runs over the chosen blocks only, with work
-that follows the selected (token, block) pairs (:mod:`hf_icl.kernels.token_sparse`). Blocks, sinks and budgets are
-laid over each row's real tokens, so a padded batch gives what each row gives alone. Hyperparameters live on
-``model.config`` as ``cab_*`` fields (:mod:`.cab_params`), so they survive ``save_pretrained``.
+(:mod:`hf_icl.kernels.token_selection.rule`: causal by construction, so teacher-forced logits equal step-by-step
+generation), always keeping its own block and the sink blocks; then exact softmax attention runs over the chosen
+blocks only, with work that follows the selected (token, block) pairs (:mod:`hf_icl.kernels.token_sparse`). Blocks,
+sinks and budgets are laid over each row's real tokens, so a padded batch gives what each row gives alone.
+Hyperparameters live on ``model.config`` as ``cab_*`` fields (:mod:`.cab_params`), so they survive ``save_pretrained``.
 
 Each call is routed once, by :func:`cab_route`, from (device, policy, padding, dtype, head dim, dropout):
 
@@ -38,6 +38,13 @@ from ..kernels._common import triton
 from ..kernels.block_sparse_attention import expand_kv
 from ..kernels.block_sparse_reference import real_positions
 from ..kernels.token_selection.fused import fused_selection_unsupported, selection_width
+from ..kernels.token_selection.rule import (  # noqa: F401  (SCORES: re-exported)
+    SCORES,
+    fused_block_selector,
+    select_token_blocks,
+    select_token_blocks_fused,
+    token_block_selector,
+)
 from ..kernels.token_sparse import (
     KERNEL_HEAD_DIMS,
     attend_selected,
@@ -56,13 +63,6 @@ from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's
     _unknown_message,
     cab_params_of,
     config_field,
-)
-from ..kernels.token_selection.rule import (  # noqa: F401  (SCORES: re-exported)
-    SCORES,
-    fused_block_selector,
-    select_token_blocks,
-    select_token_blocks_fused,
-    token_block_selector,
 )
 
 ROUTES = ("dense", "torch", "triton_prefill", "triton_decode")
@@ -336,8 +336,9 @@ def select_cab_blocks(
     """The per-token selection CAB attends over: ``(B, H, Nq, Mk)`` bool, query token t attends key block j.
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)`` (``q_offset``,
-    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See :mod:`hf_icl.kernels.token_selection.rule`. (The
-    attention call itself never holds this whole tensor: it selects range by range, or as block lists.)
+    if given, must be ``Nk - Nq``); ``key_valid (B, Nk)`` marks real tokens. See
+    :mod:`hf_icl.kernels.token_selection.rule`. (The attention call itself never holds this whole tensor: it selects
+    range by range, or as block lists.)
     """
     _check_offset(query, key, q_offset)
     backend = params.backend

@@ -5,8 +5,9 @@ can pick blocks. Here a :class:`CABCache` (a ``transformers.DynamicCache``) keep
 summaries of every *complete* key block (element-wise min and max keys for ``cab_score="bound"``, mean keys for
 ``"mean"`` and for the FRC policies' two-hop term, the largest-norm key for ``"max_l2"``) and summarises only the
 blocks that an ``update()`` completes. A decode step then scores ``O(blocks · D)`` of metadata and runs the sparse
-attention over the kept blocks. The summaries are :func:`~hf_icl.kernels.token_selection.rule.key_block_summaries` of the new blocks,
-so they equal that function on the whole cache; the selection from them is the rule of :mod:`hf_icl.kernels.token_selection.rule`
+attention over the kept blocks. The summaries are
+:func:`~hf_icl.kernels.token_selection.rule.key_block_summaries` of the new blocks, so they equal that function on the
+whole cache; the selection from them is the rule of :mod:`hf_icl.kernels.token_selection.rule`
 (candidates are complete blocks only, so the partial last block's summary is never needed: it scores as zeros).
 
 How the attention function finds them. transformers hands an attention function the key tensor that the cache
@@ -55,7 +56,6 @@ from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 from ..kernels.token_selection.fused import fused_selection_unsupported, select_token_blocks_triton
-from .cab_params import NAME, CABParams
 from ..kernels.token_selection.rule import (
     _FRC_POLICIES,
     _hop_matrix,
@@ -63,6 +63,7 @@ from ..kernels.token_selection.rule import (
     key_block_summaries,
     token_block_scores,
 )
+from .cab_params import NAME, CABParams
 
 __all__ = [
     "CABCache",
@@ -195,8 +196,8 @@ class KeyBlockSummaries:
         return tuple(buffer[:, :, :n_blocks] for buffer in self._buffers[kind])
 
     def hop_matrix(self, score: str, n_blocks: int, scaling: float) -> torch.Tensor:
-        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~hf_icl.kernels.token_selection.rule._hop_matrix` (per KV head), reused
-        while the block count stays the same."""
+        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~hf_icl.kernels.token_selection.rule._hop_matrix` (per KV
+        head), reused while the block count stays the same."""
         key = (score, n_blocks, self.n_blocks, float(scaling))
         if self._hop is None or self._hop[0] != key:
             summaries = self.for_scoring(score, n_blocks)
@@ -422,9 +423,9 @@ def cached_block_indices(
 def select_blocks_from_summaries(
     query: torch.Tensor, n_k: int, summaries: KeyBlockSummaries, params, scaling: float
 ) -> torch.Tensor:
-    """The rule of :mod:`hf_icl.kernels.token_selection.rule` for unpadded queries that are the last ``Nq`` of ``n_k`` positions,
-    scored against cached block summaries instead of the keys: ``(B, H, Nq, Mk)`` bool. ``params`` is a
-    :class:`~.cab.CABParams` (any policy but ``oracle``).
+    """The rule of :mod:`hf_icl.kernels.token_selection.rule` for unpadded queries that are the last ``Nq`` of
+    ``n_k`` positions, scored against cached block summaries instead of the keys: ``(B, H, Nq, Mk)`` bool.
+    ``params`` is a :class:`~.cab.CABParams` (any policy but ``oracle``).
 
     >>> from hf_icl.attention.cab import CABParams
     >>> state = KeyBlockSummaries(16, ("mean",))

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels._common import BACKENDS
-from ..validation import check_choice, check_float, check_int
 from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
+from ..validation import check_choice, check_float, check_int
 
 __all__ = ["BUDGETS", "CABParams", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
 
@@ -79,7 +79,8 @@ class CABParams:
         check_choice("cab_backend", self.backend, BACKENDS)
 
     def selection_rule(self) -> dict:
-        """The fields of the per-token selection rule (:func:`hf_icl.kernels.token_selection.rule.apply_selection_rule`'s keywords)."""
+        """The fields of the per-token selection rule (the keywords of
+        :func:`hf_icl.kernels.token_selection.rule.apply_selection_rule`)."""
         names = ("block_size", "policy", "budget", "sparsity", "topk", "sink_blocks", "local_blocks", "min_seq_len")
         return {name: getattr(self, name) for name in (*names, "lam", "magnitude_fraction")}
 

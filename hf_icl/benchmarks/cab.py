@@ -4,7 +4,13 @@
     hf-icl bench cab --device cpu --output docs/results/cab.md    # the CPU tables (fp32, PyTorch path)
     TRITON_INTERPRET=1 hf-icl bench cab --smoke                   # every section on tiny shapes
 
-Sections:
+Sections, in the order they run (each written to ``--output`` as soon as it is measured):
+
+0. **Pairs** (:mod:`.cab_pairs`, first: the numbers that decide): the registered ``"cab"`` call against SDPA on
+   random and on captured q/k (``--qk``), with the selected pairs, the executed work, the selection's share and the
+   peak extra memory; ``--pairs-only`` runs it alone. Then the end-to-end prefill (3), decode (4) and the selection
+   alone, then the older per-kernel sections below (coarsening, and the block-level kernel over the tile unions of
+   the per-token selection, kept for comparison with the pair execution).
 
 1. **Coarsening**: ``coarsen_max_l2`` vs the PyTorch reference (CUDA) or a per-block loop (CPU); on CUDA also the
    achieved bandwidth against the measured device-to-device copy bandwidth.
@@ -44,11 +50,11 @@ from transformers import DynamicCache
 
 from hf_icl.attention.cab import CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.cab_cache import CABCache
-from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.block_sparse_attention import block_sparse_attention_triton, kernels_runnable
 from hf_icl.kernels.block_sparse_reference import selected_block_indices
 from hf_icl.kernels.coarsen import coarsen_max_l2
 from hf_icl.kernels.roofline import H100_SXM, DevicePeaks, block_sparse_floor, dense_causal_floor
+from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.token_sparse import token_sparse_attention
 
 from ..options import OptionParser

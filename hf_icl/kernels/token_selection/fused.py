@@ -1,11 +1,11 @@
 """CAB's per-token block selection as one fused Triton kernel: block scores, forced blocks, budgets and top-k.
 
-The rule is :mod:`hf_icl.kernels.token_selection.rule`'s (its :func:`~hf_icl.kernels.token_selection.rule.select_token_blocks`
-is the PyTorch reference and the dispatcher). Query token ``t`` sits at position ``p = n_keys - Nq + t``, its own
-block is ``c = p // block_size``; it keeps its local window ``c - local_blocks < j <= c`` and the sinks
-``j < sink_blocks``, then the best candidates ``sink_blocks <= j <= c - local_blocks`` up to its budget (``row``:
-``max(1, round((1 - sparsity) (c + 1)))``, ``topk``: ``topk``; forced blocks count toward it), ties to the lower
-block; tokens before ``min_seq_len`` keep every visible block.
+The rule is :mod:`hf_icl.kernels.token_selection.rule`'s (its
+:func:`~hf_icl.kernels.token_selection.rule.select_token_blocks` is the PyTorch reference and the dispatcher). Query
+token ``t`` sits at position ``p = n_keys - Nq + t``, its own block is ``c = p // block_size``; it keeps its local
+window ``c - local_blocks < j <= c`` and the sinks ``j < sink_blocks``, then the best candidates ``sink_blocks <= j <=
+c - local_blocks`` up to its budget (``row``: ``max(1, round((1 - sparsity) (c + 1)))``, ``topk``: ``topk``; forced
+blocks count toward it), ties to the lower block; tokens before ``min_seq_len`` keep every visible block.
 
 One launch. A program takes a tile of query tokens for *all* the query heads of one KV head (grouped-query
 attention: the KV head's summaries are read once for its group) and holds each row's scores for every key block in
