@@ -492,8 +492,9 @@ def test_bad_causal_mask_and_offsets():
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("bounded", [False, True])
 def test_top_among_matches_a_sorted_loop_with_ties_nan_inf_and_signed_zeros(seed, bounded):
-    """The top-k pass (int64 keys + topk) selects what sorting (rank desc, index asc) per row selects."""
-    from hf_icl.attention.selection import _top_among
+    """The top-k pass (one topk of max_count + 1, the threshold fallback for ties across the boundary) selects what
+    sorting (rank desc, index asc) per row selects; rows with and without boundary ties both occur here."""
+    from hf_icl.kernels.token_selection.topk import top_among as _top_among
 
     g = torch.Generator().manual_seed(seed)
     rows, n = 7, 23

@@ -25,10 +25,11 @@ def top_among(
     """Along the last dim, mark the ``count`` highest-``rank`` entries among ``candidate`` ones.
 
     ``count`` broadcasts against ``rank.shape[:-1]``; ``max_count`` is a host-side upper bound on it (None: the
-    row length), so one partial ``topk`` of the ranks finds each row's threshold (its ``count``-th best candidate).
-    Every candidate above the threshold is kept, and of those equal to it the lowest indices fill the rest: ties go to
-    the lower index, whatever order ``topk`` returns equal values in. Non-candidates rank after every candidate, so
-    a ``-inf``/NaN rank never displaces them.
+    row length), so one partial ``topk`` of ``max_count + 1`` ranks serves every row. Ties go to the lower index,
+    whatever order ``topk`` returns equal values in: a row whose ``count``-th and next-best candidates differ takes
+    its ``count`` best as ``topk`` lists them; a row with a tie across that boundary (rare on real scores) is
+    resolved by :func:`_threshold_top`. Non-candidates rank after every candidate, so a ``-inf``/NaN rank never
+    displaces them.
     """
     n = rank.shape[-1]
     k = n if max_count is None else max(0, min(int(max_count), n))
@@ -37,16 +38,28 @@ def top_among(
         return torch.zeros(shape, dtype=torch.bool, device=rank.device)
     # candidates keep their (lifted, finite or +inf) ranks; every other entry is -inf, below all of them
     ranked = lifted(rank).expand(shape).masked_fill(~candidate, float("-inf"))
-    best = torch.topk(ranked, k, dim=-1).values  # descending
-    count = count.expand(shape[:-1]).clamp(0, k)
-    threshold = best.gather(-1, (count - 1).clamp_min(0).unsqueeze(-1))
-    wants = (count > 0).unsqueeze(-1)
-    # strictly above the threshold: kept (nothing is above +inf, so a row wanting none keeps none)
-    above = ranked > torch.where(wants, threshold, float("inf"))
-    # at the threshold: the ties (NaN compares unequal: rows wanting none, or fewer candidates than wanted)
+    listed = min(k + 1, n)  # one more than any row takes: the boundary shows whether a tie crosses it
+    best, where = torch.topk(ranked, listed, dim=-1)  # descending
+    count = count.expand(shape[:-1]).clamp(0, k).unsqueeze(-1)
+    last = best.gather(-1, (count - 1).clamp_min(0))  # each row's count-th best
+    after = best.gather(-1, count.clamp_max(listed - 1))  # and the one after it
+    crossing = (count > 0) & (count < listed) & (last == after) & (last > float("-inf"))
+    take = (torch.arange(listed, device=rank.device) < count) & (best > float("-inf"))  # candidates only
+    chosen = torch.zeros(shape, dtype=torch.bool, device=rank.device).scatter_(-1, where, take)
+    tied = crossing.squeeze(-1)
+    if bool(tied.any()):
+        chosen[tied] = _threshold_top(ranked[tied], count[tied].squeeze(-1), k)
+    return chosen
+
+
+def _threshold_top(ranked: torch.Tensor, count: torch.Tensor, k: int) -> torch.Tensor:
+    """Rows ``(R, n)`` of ranks (non-candidates at -inf) → the ``count`` best of each, ties to the lower index: every
+    candidate above the row's ``count``-th best, then the lowest-index ones equal to it."""
+    best = torch.topk(ranked, k, dim=-1).values
+    count = count.unsqueeze(-1)
+    threshold = best.gather(-1, (count - 1).clamp_min(0))
+    wants = count > 0
+    above = ranked > torch.where(wants, threshold, float("inf"))  # nothing is above +inf: a row wanting none
     at = ranked == torch.where(wants & (threshold > float("-inf")), threshold, float("nan"))
-    # how many ties to take, lowest index first (count_nonzero: no int64 copy of the bool masks)
-    wanted = count.unsqueeze(-1) - torch.count_nonzero(above, dim=-1).unsqueeze(-1)
-    if bool((torch.count_nonzero(at, dim=-1).unsqueeze(-1) > wanted).any()):  # more ties than room (rare)
-        at = at & (at.cumsum(-1) <= wanted)
-    return above | at
+    wanted = count - torch.count_nonzero(above, dim=-1).unsqueeze(-1)  # ties to take, lowest index first
+    return above | (at & (at.cumsum(-1) <= wanted))

@@ -39,7 +39,7 @@ from ..block_sparse_reference import real_positions
 __all__ = ["attend_selected", "query_range_length", "token_sparse_attention_torch"]
 
 #: cap on the float32 scores one piece holds ((queries × keys) summed over its items): bounds the executor's memory
-_MAX_SCORE_ELEMENTS = 1 << 21
+_MAX_SCORE_ELEMENTS = 1 << 22
 #: cap on the selection one range holds (batch × heads × tokens × key blocks booleans, and the block scores behind it)
 _MAX_SELECTION_ELEMENTS = 1 << 21
 #: the most queries one work item takes from a key block; items run in buckets of 8, 16, ..., this many queries
