@@ -175,12 +175,16 @@ def _padding_mask(key_valid: torch.Tensor) -> torch.Tensor:
 
 
 @needs_triton
-@pytest.mark.parametrize("policy", ["magnitude", "hybrid", "streaming"])
+@pytest.mark.parametrize(
+    "policy, budget",
+    [("magnitude", "row"), ("hybrid", "row"), ("streaming", "row"), ("frc", "topk"), ("frc_low", "topk")],
+)
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left and right padding"])
 @pytest.mark.parametrize("ranges", [False, True], ids=["one range", "many query ranges"])
-def test_kernel_route_equals_the_pytorch_route(policy, padded, ranges, monkeypatch):
+def test_kernel_route_equals_the_pytorch_route(policy, budget, padded, ranges, monkeypatch):
     """The registered call on the kernels (fused selection lists → key-block-major kernels, padded rows compacted,
-    query ranges) equals the PyTorch route on the same inputs, values and gradients, grouped-query heads."""
+    query ranges) equals the PyTorch route on the same inputs, values and gradients, grouped-query heads, every
+    fused policy and both budgets."""
     if ranges:  # a few tokens per range: the key summaries are computed once and sliced per range
         monkeypatch.setattr(cab_module, "_KERNEL_RANGE_BYTES", 1)
     g = torch.Generator().manual_seed(3)
@@ -194,7 +198,8 @@ def test_kernel_route_equals_the_pytorch_route(policy, padded, ranges, monkeypat
         mask = _padding_mask(key_valid).to(DEVICE)
     results = []
     for backend in ("triton", "reference"):
-        out, _ = cab_attention_forward(_module(backend=backend, policy=policy, sparsity=0.6), q, k, v, mask)
+        module = _module(backend=backend, policy=policy, sparsity=0.6, budget=budget, topk=2)
+        out, _ = cab_attention_forward(module, q, k, v, mask)
         grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out)).sum(),
                                     (q, k, v))
         results.append((out, *grads))
