@@ -132,3 +132,21 @@ def test_the_selection_is_asked_for_one_bounded_range_at_a_time(monkeypatch):
     assert asked == [(s, min(100, s + 8)) for s in range(0, 100, 8)]  # 4·13 entries per token: one block of 8
     assert all((stop - start) * 4 * 13 <= executor._MAX_SELECTION_ELEMENTS for start, stop in asked)
     torch.testing.assert_close(out, dense_reference(q, k, v, keep, 8, 0.3), atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("padded", [False, True], ids=["no padding", "left and right padding"])
+def test_the_ops_naive_reference_equals_the_loop(case, padded):
+    """token_sparse/naive.py (the op's dense float64 reference) equals the per-query loop written out above."""
+    from hf_icl.kernels.token_sparse import token_sparse_attention_naive
+
+    shape = CASES[case]
+    q, k, v, g = _inputs(3, **shape)
+    keep = torch.rand(shape["batch"], shape["heads"], shape["n_q"], math.ceil(shape["n_k"] / 8), generator=g) < 0.4
+    key_valid = None
+    if padded:
+        key_valid = torch.ones(shape["batch"], shape["n_k"], dtype=torch.bool)
+        key_valid[0, :5] = False
+        key_valid[-1, -3:] = False
+    naive = token_sparse_attention_naive(q, k, v, keep, block_size=8, scaling=0.4, key_valid=key_valid)
+    torch.testing.assert_close(naive, dense_reference(q, k, v, keep, 8, 0.4, key_valid), atol=1e-12, rtol=1e-12)

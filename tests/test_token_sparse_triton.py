@@ -7,24 +7,18 @@ a dense float64 softmax under the per-token mask that (indices, counts, lengths,
 from __future__ import annotations
 
 import math
-import os
 
 import pytest
 import torch
 import torch.nn.functional as F
+from kernel_helpers import DEVICE, needs_triton
 
-from hf_icl.kernels._common import triton_available
+from hf_icl.kernels.token_sparse.triton_backward import token_sparse_attention_triton
+from hf_icl.kernels.token_sparse.triton_forward import token_sparse_forward_triton
+from hf_icl.kernels.token_sparse.triton_pairs import build_pair_list, cut_work_items, item_bound
 
-if not triton_available():  # pragma: no cover - depends on the platform
-    pytest.skip("triton could not be imported: the token-sparse Triton kernels cannot run", allow_module_level=True)
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-if DEVICE == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":  # pragma: no cover - depends on the environment
-    pytest.skip("no CUDA device and TRITON_INTERPRET=1 was not set before triton was imported", allow_module_level=True)
-
-from hf_icl.kernels.token_sparse.triton_backward import token_sparse_attention_triton  # noqa: E402
-from hf_icl.kernels.token_sparse.triton_forward import token_sparse_forward_triton  # noqa: E402
-from hf_icl.kernels.token_sparse.triton_pairs import build_pair_list, cut_work_items, item_bound  # noqa: E402
+# the kernels run on CUDA, or on CPU tensors under TRITON_INTERPRET=1 (how CI runs them)
+pytestmark = needs_triton
 
 # ----------------------------------------------------------------------------------------------------------------
 # Helpers: random selections and the float64 reference

@@ -34,10 +34,9 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from ..kernels._common import triton
 from ..kernels.block_sparse_attention import expand_kv
 from ..kernels.block_sparse_reference import real_positions
-from ..kernels.token_selection.fused import fused_selection_unsupported, selection_width
+from ..kernels.token_selection.fused import fused_rule_unsupported, fused_selection_unsupported, selection_width
 from ..kernels.token_selection.rule import (  # noqa: F401  (SCORES: re-exported)
     SCORES,
     fused_block_selector,
@@ -46,10 +45,11 @@ from ..kernels.token_selection.rule import (  # noqa: F401  (SCORES: re-exported
     token_block_selector,
 )
 from ..kernels.token_sparse import (
-    KERNEL_HEAD_DIMS,
     attend_selected,
     keep_to_indices,
+    kernels_unsupported,
     query_range_length,
+    query_ranges,
     token_sparse_attention_triton,
     token_sparse_decode,
 )
@@ -104,19 +104,11 @@ def cab_route(
 def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout) -> str | None:
     if params.backend == "reference":
         return "cab_backend='reference' asks for the PyTorch path"
-    if triton is None:
-        return "triton could not be imported"
-    if params.backend == "auto" and device.type != "cuda":
-        return f"tensors on {device.type}: the kernels run on CUDA (cab_backend='triton' runs them interpreted)"
-    if dropout:
-        return f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
-    if head_dim not in KERNEL_HEAD_DIMS:
-        return f"head_dim must be one of {list(KERNEL_HEAD_DIMS)} for the kernels, got {head_dim}"
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
-        return f"dtype {dtype} is not one the kernels take (float32, float16, bfloat16)"
-    n_blocks = -(-n_k // params.block_size)
-    unfused = fused_selection_unsupported(torch.empty(0, dtype=dtype), n_blocks, params.policy, params.budget)
-    if unfused is not None and "device" not in unfused and "CUDA" not in unfused:
+    reason = kernels_unsupported(device, head_dim, dtype, dropout, cuda_only=params.backend == "auto")
+    if reason is not None:
+        return reason
+    unfused = fused_rule_unsupported(-(-n_k // params.block_size), params.policy, params.budget)
+    if unfused is not None:
         return f"the fused selection cannot run it: {unfused}"
     if padded and n_q != n_k:
         return "a padded batch's decode or chunked prefill (each row's queries sit at their own positions)"
@@ -230,10 +222,8 @@ def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) ->
     select = None
     if cached is None:
         select = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
-    step = _kernel_range_length(query, n_k, params)
     pieces = []
-    for start in range(0, n_q, step):
-        stop = min(n_q, start + step)
+    for start, stop in query_ranges(n_q, _kernel_range_length(query, n_k, params)):
         end = q_offset + stop  # keys up to the range's last query
         if cached is not None:
             indices, counts = (x[:, :, start:stop] for x in cached)
@@ -279,20 +269,24 @@ def run_selection_only(query: torch.Tensor, key: torch.Tensor, params: CABParams
     )
     if route.name == "dense":
         return 0
+    rule = params.selection_rule()
     if route.name == "torch":
-        rule = params.selection_rule()
         select = token_block_selector(query, key, scaling=scaling, score=params.score, **rule)
-        step = query_range_length(query.shape[0], query.shape[1], n_q, -(-n_k // params.block_size), params.block_size)
-        bounds = [(start, min(n_q, start + step)) for start in range(0, n_q, step)]
+        bounds = query_ranges(n_q, _torch_range_length(query, n_k, params))
         for start, stop in bounds:
             select(start, stop)
-        return len(bounds)
-    select_lists = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
-    step = _kernel_range_length(query, n_k, params)
-    bounds = [(start, min(n_q, start + step)) for start in range(0, n_q, step)]
-    for start, stop in bounds:
-        select_lists(query[:, :, start:stop], n_k - n_q + stop)
+    else:
+        select_lists = fused_block_selector(key, scaling=scaling, score=params.score, **rule)
+        bounds = query_ranges(n_q, _kernel_range_length(query, n_k, params))
+        for start, stop in bounds:
+            select_lists(query[:, :, start:stop], n_k - n_q + stop)
     return len(bounds)
+
+
+def _torch_range_length(query: torch.Tensor, n_k: int, params: CABParams) -> int:
+    """Queries per range on the PyTorch path (what :func:`attend_selected` takes by default)."""
+    n_blocks = -(-n_k // params.block_size)
+    return query_range_length(query.shape[0], query.shape[1], query.shape[2], n_blocks, params.block_size)
 
 
 def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
@@ -365,18 +359,15 @@ def select_cab_block_indices(
     n_q, n_k = query.shape[2], key.shape[2]
     n_blocks = -(-n_k // params.block_size)
     rule = params.selection_rule()
-    fused_ok = fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid) is None
-    if params.backend != "reference" and fused_ok and (query.is_cuda or params.backend == "triton"):
+    unfused = fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid)
+    if params.backend != "reference" and unfused is None and (query.is_cuda or params.backend == "triton"):
         return select_token_blocks_fused(query, key, scaling=scaling, score=params.score, **rule)
-    if params.backend == "triton" and not fused_ok:
-        raise ValueError(
-            "cab_backend='triton' cannot run this selection: "
-            + fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid)
-        )
+    if params.backend == "triton" and unfused is not None:
+        raise ValueError(f"cab_backend='triton' cannot run this selection: {unfused}")
     width = _width(params, n_k) if params.policy != "oracle" else n_blocks
     select = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
-    step = query_range_length(query.shape[0], query.shape[1], n_q, n_blocks, params.block_size)
-    pieces = [keep_to_indices(select(s, min(n_q, s + step)), width) for s in range(0, n_q, step)]
+    ranges = query_ranges(n_q, _torch_range_length(query, n_k, params))
+    pieces = [keep_to_indices(select(start, stop), width) for start, stop in ranges]
     return torch.cat([p[0] for p in pieces], dim=2), torch.cat([p[1] for p in pieces], dim=2)
 
 

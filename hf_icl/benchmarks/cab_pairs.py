@@ -86,12 +86,6 @@ def stand_in_module(params: CABParams) -> SimpleNamespace:
     return SimpleNamespace(config=PretrainedConfig(**params.to_config_fields()), training=False)
 
 
-def _selection_counts(query: torch.Tensor, key: torch.Tensor, params: CABParams, scaling: float):
-    """CAB's per-token selection as lists: ``indices (B, H, T, W)`` int32 (ascending kept block ids, the first
-    ``counts`` valid) and ``counts (B, H, T)`` int32."""
-    return select_cab_block_indices(query, key, params, scaling)
-
-
 def sdpa_call(query, key, value, scaling: float, gqa: bool) -> torch.Tensor:
     """Dense causal SDPA (K / V already expanded to the query heads unless ``gqa``)."""
     extra = {"enable_gqa": True} if gqa else {}
@@ -364,7 +358,7 @@ def measure_row(spec: InputSpec, sparsity: float, args, sdpa_mib: float | None) 
     scaling = spec.dim**-0.5
     module = stand_in_module(params)
     with torch.no_grad():
-        indices, counts = _selection_counts(query, key, params, scaling)
+        indices, counts = select_cab_block_indices(query, key, params, scaling)
         dense_pairs = spec.heads * dense_causal_pairs(spec.length, spec.length, args.block_size)
         work = token_sparse_work(
             counts,

@@ -19,12 +19,33 @@ def selected_block_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     validity mask ``(B, H, Mq, K)``, K being the largest number kept by any row."""
     counts = keep.sum(-1)
     width = max(int(counts.max()), 1)
-    n_k = keep.shape[-1]
-    # kept blocks sort first, in ascending block order: key = index for kept, index + Mk otherwise
-    order = torch.arange(n_k, device=keep.device) + n_k * (~keep).long()
-    indices = order.topk(width, dim=-1, largest=False).values % n_k
+    indices = _kept_first(keep, width)
     valid = torch.arange(width, device=keep.device) < counts.unsqueeze(-1)
     return indices, valid
+
+
+def _kept_first(keep: torch.Tensor, width: int) -> torch.Tensor:
+    """The first ``width`` block ids of each row with its kept blocks first, ascending, then the others ascending."""
+    n_k = keep.shape[-1]
+    # key = index for kept blocks, index + Mk otherwise: the smallest keys are the kept blocks in order
+    order = torch.arange(n_k, device=keep.device) + n_k * (~keep).long()
+    return order.topk(width, dim=-1, largest=False).values % n_k
+
+
+def keep_to_indices(token_keep: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A bool selection ``(B, H, Nq, Mk)`` → ``indices (B, H, Nq, width)`` int32 (ascending kept blocks, the rest
+    repeating the last kept one, 0 for a token that kept none) and ``counts (B, H, Nq)`` int32. ``width`` must bound
+    every row's count (a host-side bound, so no device read); a row keeping more raises ``ValueError`` on CPU."""
+    width = max(1, min(int(width), token_keep.shape[-1]))
+    counts = token_keep.sum(-1)
+    if not token_keep.is_cuda and counts.numel() and int(counts.max()) > width:
+        raise ValueError(f"width={width} is below the largest count of kept blocks, {int(counts.max())}")
+    indices = _kept_first(token_keep, width)
+    last = indices.gather(-1, (counts - 1).clamp_min(0).unsqueeze(-1))
+    slot = torch.arange(width, device=token_keep.device)
+    indices = torch.where(slot < counts.unsqueeze(-1), indices, last)
+    indices = torch.where(counts.unsqueeze(-1) > 0, indices, 0)
+    return indices.int(), counts.int()
 
 
 def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:

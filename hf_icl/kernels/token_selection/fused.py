@@ -58,6 +58,7 @@ __all__ = [
     "FUSED_BUDGETS",
     "FUSED_POLICIES",
     "MAX_KEY_BLOCKS",
+    "fused_rule_unsupported",
     "fused_selection_unsupported",
     "selection_width",
     "select_token_blocks_triton",
@@ -395,16 +396,26 @@ def selection_width(
     return max(1, min(n_blocks, width))
 
 
+def fused_rule_unsupported(n_blocks: int, policy: str, budget: str = "row") -> str | None:
+    """Why the fused kernel cannot run this selection rule, whatever the tensors (None when it can)."""
+    if policy not in FUSED_POLICIES:
+        return f"policy={policy!r} is not fused (the kernel runs {', '.join(FUSED_POLICIES)})"
+    if budget not in FUSED_BUDGETS:
+        return f"budget={budget!r} is not fused (the kernel runs {', '.join(FUSED_BUDGETS)})"
+    if n_blocks > MAX_KEY_BLOCKS:
+        return f"{n_blocks} key blocks exceed the kernel's {MAX_KEY_BLOCKS} (a row's scores live in registers)"
+    return None
+
+
 def fused_selection_unsupported(
     query: torch.Tensor, n_blocks: int, policy: str, budget: str = "row", key_valid: torch.Tensor | None = None
 ) -> str | None:
     """Why the fused kernel cannot run this selection (None when it can): the reason a ``ValueError`` names."""
     if triton is None:
         return "triton could not be imported"
-    if policy not in FUSED_POLICIES:
-        return f"policy={policy!r} is not fused (the kernel runs {', '.join(FUSED_POLICIES)})"
-    if budget not in FUSED_BUDGETS:
-        return f"budget={budget!r} is not fused (the kernel runs {', '.join(FUSED_BUDGETS)})"
+    reason = fused_rule_unsupported(n_blocks, policy, budget)
+    if reason is not None:
+        return reason
     if key_valid is not None:
         return (
             "padded batches run on the PyTorch path (blocks are laid over each row's real tokens; the fused "
@@ -412,8 +423,6 @@ def fused_selection_unsupported(
         )
     if not isinstance(query, torch.Tensor) or query.dtype not in SUPPORTED_DTYPES:
         return f"query.dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}"
-    if n_blocks > MAX_KEY_BLOCKS:
-        return f"{n_blocks} key blocks exceed the kernel's {MAX_KEY_BLOCKS} (a row's scores live in registers)"
     if not query.is_cuda and not is_interpreted(_token_selection_kernel):
         return f"the kernel needs CUDA tensors (got device {query.device}) unless TRITON_INTERPRET=1 was set"
     return None

@@ -20,9 +20,28 @@ from __future__ import annotations
 import torch
 
 from .._common import triton
+from ..block_sparse_reference import keep_to_indices
 from .decode import KERNEL_HEAD_DIMS, token_sparse_decode
-from .naive import keep_to_indices, token_sparse_attention_naive
-from .torch_path import attend_selected, query_range_length, token_sparse_attention_torch
+from .naive import token_sparse_attention_naive
+from .torch_path import attend_selected, query_range_length, query_ranges, token_sparse_attention_torch
+
+
+def kernels_unsupported(
+    device: torch.device, head_dim: int, dtype: torch.dtype, dropout: float = 0.0, *, cuda_only: bool = True
+) -> str | None:
+    """Why the Triton kernels cannot run a call (None when they can): no triton, not CUDA (with ``cuda_only``; the
+    interpreter runs them on CPU otherwise), attention dropout, a head dim or dtype they lack."""
+    if triton is None:
+        return "triton could not be imported"
+    if cuda_only and device.type != "cuda":
+        return f"tensors on {device.type}: the kernels run on CUDA (backend 'triton' runs them interpreted)"
+    if dropout:
+        return f"attention dropout ({dropout}) is not implemented in the kernels; use model.eval() or dropout 0"
+    if head_dim not in KERNEL_HEAD_DIMS:
+        return f"head_dim must be one of {list(KERNEL_HEAD_DIMS)} for the kernels, got {head_dim}"
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return f"dtype {dtype} is not one the kernels take (float32, float16, bfloat16)"
+    return None
 
 
 def token_sparse_attention(
@@ -51,16 +70,12 @@ def token_sparse_attention(
     """
     reason = None
     if backend != "reference":
-        if triton is None:
-            reason = "triton could not be imported"
-        elif key_valid is not None:
+        if key_valid is not None:
             reason = "padded batches take the PyTorch path here (CAB's attention call compacts them for the kernels)"
-        elif dropout:
-            reason = f"attention dropout ({dropout}) is not implemented in the kernels"
-        elif query.shape[-1] not in KERNEL_HEAD_DIMS:
-            reason = f"head_dim must be one of {list(KERNEL_HEAD_DIMS)}, got {query.shape[-1]}"
-        elif backend == "auto" and not query.is_cuda:
-            reason = "not CUDA tensors"
+        else:
+            reason = kernels_unsupported(
+                query.device, query.shape[-1], query.dtype, dropout, cuda_only=backend == "auto"
+            )
     if backend == "triton" and reason is not None:
         raise ValueError(f"backend='triton' cannot run this call: {reason}")
     if backend == "reference" or reason is not None:
@@ -85,7 +100,9 @@ __all__ = [
     "KERNEL_HEAD_DIMS",
     "attend_selected",
     "keep_to_indices",
+    "kernels_unsupported",
     "query_range_length",
+    "query_ranges",
     "token_sparse_attention",
     "token_sparse_attention_naive",
     "token_sparse_attention_torch",

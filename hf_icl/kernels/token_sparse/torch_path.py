@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 from ..block_sparse_reference import real_positions
 
-__all__ = ["attend_selected", "query_range_length", "token_sparse_attention_torch"]
+__all__ = ["attend_selected", "query_range_length", "query_ranges", "token_sparse_attention_torch"]
 
 #: cap on the float32 scores one piece holds ((queries × keys) summed over its items): bounds the executor's memory
 _MAX_SCORE_ELEMENTS = 1 << 22
@@ -53,6 +53,11 @@ def query_range_length(batch: int, heads: int, n_q: int, n_blocks: int, block_si
     per_token = max(1, batch * heads * n_blocks)
     tokens = max(block_size, (_MAX_SELECTION_ELEMENTS // per_token) // block_size * block_size)
     return min(n_q, tokens)
+
+
+def query_ranges(n_q: int, length: int) -> list[tuple[int, int]]:
+    """``[(start, stop), ...]``: queries ``0 … n_q`` in consecutive ranges of ``length``."""
+    return [(start, min(n_q, start + length)) for start in range(0, n_q, length)]
 
 
 def token_sparse_attention_torch(
@@ -113,7 +118,7 @@ def attend_selected(
     )
     if range_length is None:
         range_length = query_range_length(batch, heads, n_q, n_blocks, block_size)
-    ranges = [(start, min(n_q, start + range_length)) for start in range(0, n_q, range_length)]
+    ranges = query_ranges(n_q, range_length)
     outputs = []
     for start, stop in ranges:
         keep = select(start, stop)
