@@ -599,7 +599,7 @@ def run_niah_command(args) -> int:
     from .evaluation.niah import niah_methods, run_niah
     from .evaluation.niah_report import write_niah_report
 
-    methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
+    methods = niah_methods(args.policies, args.sparsities, args.kept_blocks)  # every check runs before the model loads
     knobs = _cab_knobs(args)
     _check_block_size(args.block_size)
     _at_least("--samples", args.samples, 1)
@@ -654,7 +654,7 @@ def run_perplexity_command(args) -> int:
         text_windows,
     )
 
-    methods = niah_methods(args.policies, args.sparsities)  # every check runs before the model loads
+    methods = niah_methods(args.policies, args.sparsities, args.kept_blocks)  # every check runs before the model loads
     knobs = _cab_knobs(args)
     _check_block_size(args.block_size)
     _at_least("--length", args.length, 2)
@@ -892,19 +892,27 @@ def _add_causal_lm_arguments(parser: argparse.ArgumentParser) -> None:
 def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None:
     """The methods (--policies × --sparsities after dense) and CAB's knobs."""
     from .attention.cab import BUDGETS, POLICIES, SCORES
-    from .evaluation.niah import DEFAULT_POLICIES, DEFAULT_SPARSITIES
+    from .evaluation.niah import DEFAULT_POLICIES, DEFAULT_SPARSITIES, SCORED_METHODS
 
     parser.add_argument(
         "--policies",
         type=_csv(str, "names"),
         default=",".join(DEFAULT_POLICIES),
-        help=f"comma-separated CAB policies, of {', '.join(POLICIES)} ('' for dense only)",
+        help=f"comma-separated CAB methods, of {', '.join((*POLICIES, *SCORED_METHODS))} ('' for dense only); "
+        "quest and max_l2 rank blocks by Quest's bound and by the largest-norm key",
     )
     parser.add_argument(
         "--sparsities",
         type=_csv(float, "numbers"),
         default=",".join(map(str, DEFAULT_SPARSITIES)),
-        help="CAB sparsities in [0, 1)",
+        help="CAB sparsities in [0, 1) (each token drops that fraction of its visible blocks; '' for none)",
+    )
+    parser.add_argument(
+        "--kept-blocks",
+        type=_csv(int, "integers"),
+        default="",
+        help="CAB budgets in key blocks per query token, sink and local window included (e.g. 16: 1,024 tokens "
+        "at block 64); each runs beside the --sparsities",
     )
     parser.add_argument("--block-size", type=int, default=block_size, help="CAB block size (power of two, 16 to 128)")
     parser.add_argument("--budget", default="row", choices=BUDGETS, help="CAB budget")

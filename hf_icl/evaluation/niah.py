@@ -66,7 +66,9 @@ __all__ = [
     "DEFAULT_POLICIES",
     "DEFAULT_SPARSITIES",
     "DENSE",
+    "METHOD_NAMES",
     "RECORD_FIELDS",
+    "SCORED_METHODS",
     "NIAHMethod",
     "greedy_answer",
     "load_niah_results",
@@ -83,7 +85,9 @@ DEFAULT_SPARSITIES = (0.5, 0.75, 0.9, 0.95)
 RECORD_FIELDS = (
     "method",
     "policy",
+    "score",
     "sparsity",
+    "kept_blocks",
     "context_length",
     "depth",
     "sample",
@@ -111,24 +115,45 @@ def _format_sparsity(sparsity: float) -> str:
     return f"{sparsity:.2f}" if round(sparsity, 2) == sparsity else f"{sparsity:g}"
 
 
+#: method names that are a policy with a block score of their own: (policy, score)
+SCORED_METHODS = {"quest": ("magnitude", "bound"), "max_l2": ("magnitude", "max_l2")}
+#: every method name: dense, CAB's policies, and the scored aliases
+METHOD_NAMES = (DENSE, *POLICIES, *SCORED_METHODS)
+
+
 @dataclass(frozen=True)
 class NIAHMethod:
-    """An attention method to evaluate: dense ``"sdpa"`` or a CAB policy at a sparsity.
+    """An attention method to evaluate: dense ``"sdpa"``, or a CAB policy under a budget.
 
-    ``name`` is ``"sdpa"`` or a key of :data:`hf_icl.attention.cab.POLICIES`; ``sparsity`` (the fraction of
-    causal blocks CAB drops) is in ``[0, 1)``, and 0 for ``"sdpa"``.
+    ``name``: ``"sdpa"``, a key of :data:`hf_icl.attention.cab.POLICIES` (ranked by the model's ``cab_score``,
+    ``"mean"`` by default), ``"quest"`` (magnitude ranking of Quest's min/max-key bound) or ``"max_l2"`` (magnitude
+    ranking of each block's largest-norm key, the CAB document's coarsening). The budget is either ``sparsity``
+    (the fraction of each token's visible blocks dropped, ``cab_budget="row"``) or ``kept_blocks`` (the number of
+    key blocks every query token attends, sink and local window included, ``cab_budget="topk"``: the anchors'
+    unit, e.g. 16 blocks of 64 = 1,024 tokens), never both; dense has neither.
     """
 
     name: str = DENSE
     sparsity: float = 0.0
+    kept_blocks: int | None = None
 
     def __post_init__(self):
-        check_choice("method", self.name, (DENSE, *POLICIES))
+        check_choice("method", self.name, METHOD_NAMES)
         sparsity = check_float("sparsity", self.sparsity, low=0.0)
         if sparsity >= 1:
             raise ValueError(f"sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}")
-        if self.name == DENSE and sparsity != 0:
-            raise ValueError(f"method {DENSE!r} is dense attention: its sparsity must be 0, got {sparsity}")
+        if self.kept_blocks is not None:
+            check_int("kept_blocks", self.kept_blocks, low=1)
+            if sparsity:
+                raise ValueError(
+                    f"give a method sparsity or kept_blocks, not both; got sparsity={sparsity}, "
+                    f"kept_blocks={self.kept_blocks}"
+                )
+        if self.name == DENSE and (sparsity != 0 or self.kept_blocks is not None):
+            raise ValueError(
+                f"method {DENSE!r} is dense attention: its sparsity must be 0 and kept_blocks None, got "
+                f"sparsity={sparsity}, kept_blocks={self.kept_blocks}"
+            )
         object.__setattr__(self, "sparsity", sparsity)
 
     @property
@@ -137,13 +162,38 @@ class NIAHMethod:
 
     @property
     def policy(self) -> str:
-        """The CAB policy (``"sdpa"`` for the dense method)."""
-        return self.name
+        """The CAB policy (``"sdpa"`` for the dense method; ``"magnitude"`` for ``quest`` and ``max_l2``)."""
+        return SCORED_METHODS.get(self.name, (self.name,))[0]
+
+    @property
+    def score(self) -> str | None:
+        """The block score this method insists on, or None (the model's ``cab_score``)."""
+        return SCORED_METHODS[self.name][1] if self.name in SCORED_METHODS else None
+
+    @property
+    def budget(self) -> str | None:
+        """``"topk"`` for a method with ``kept_blocks``; None otherwise (the run's budget, ``"row"`` by default)."""
+        return None if self.kept_blocks is None else "topk"
 
     @property
     def label(self) -> str:
-        """``"sdpa"`` or ``"cab-<policy>@<sparsity>"``, e.g. ``"cab-frc@0.90"``: the method's key in records."""
-        return DENSE if self.is_dense else f"cab-{self.name}@{_format_sparsity(self.sparsity)}"
+        """The method's key in records: ``"sdpa"``, ``"cab-<name>@<sparsity>"`` (``"cab-frc@0.90"``) or
+        ``"cab-<name>@<kept_blocks>blocks"`` (``"cab-quest@16blocks"``)."""
+        if self.is_dense:
+            return DENSE
+        budget = f"{self.kept_blocks}blocks" if self.kept_blocks is not None else _format_sparsity(self.sparsity)
+        return f"cab-{self.name}@{budget}"
+
+    def record_fields(self) -> dict[str, Any]:
+        """What a result record says about the method: label, policy, score, sparsity (None under a block budget)
+        and kept blocks."""
+        return {
+            "method": self.label,
+            "policy": self.policy,
+            "score": self.score,
+            "sparsity": None if self.kept_blocks is not None else self.sparsity,
+            "kept_blocks": self.kept_blocks,
+        }
 
 
 def _check_methods(methods) -> list[NIAHMethod]:
@@ -161,23 +211,38 @@ def _check_methods(methods) -> list[NIAHMethod]:
 
 
 def niah_methods(
-    policies: Iterable[str] = DEFAULT_POLICIES, sparsities: Iterable[float] = DEFAULT_SPARSITIES
+    policies: Iterable[str] = DEFAULT_POLICIES,
+    sparsities: Iterable[float] = DEFAULT_SPARSITIES,
+    kept_blocks: Iterable[int] = (),
 ) -> list[NIAHMethod]:
-    """Dense ``"sdpa"`` once, then every CAB policy at every sparsity (policy by policy)."""
-    policies, sparsities = list(policies), list(sparsities)
+    """Dense ``"sdpa"`` once, then every CAB method name (a policy, ``"quest"`` or ``"max_l2"``) at every sparsity
+    and every ``kept_blocks`` budget (name by name)."""
+    policies, sparsities, kept_blocks = list(policies), list(sparsities), list(kept_blocks)
     for i, policy in enumerate(policies):
-        check_choice(f"policies[{i}]", policy, POLICIES)
+        check_choice(f"policies[{i}]", policy, METHOD_NAMES[1:])
     for i, sparsity in enumerate(sparsities):
         if check_float(f"sparsities[{i}]", sparsity, low=0.0) >= 1:
             raise ValueError(
                 f"sparsities[{i}] must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}"
             )
-    if policies and not sparsities:
-        raise ValueError(f"sparsities must not be empty when policies are given, got policies={policies}")
-    for name, values in (("policies", policies), ("sparsities", sparsities)):
+    for i, kept in enumerate(kept_blocks):
+        check_int(f"kept_blocks[{i}]", kept, low=1)
+    if policies and not (sparsities or kept_blocks):
+        raise ValueError(
+            f"sparsities or kept_blocks must not both be empty when policies are given, got policies={policies}"
+        )
+    for name, values in (("policies", policies), ("sparsities", sparsities), ("kept_blocks", kept_blocks)):
         if len(set(values)) != len(values):
             raise ValueError(f"{name} must not repeat values, got {values}")
-    return [NIAHMethod(), *(NIAHMethod(policy, float(s)) for policy in policies for s in sparsities)]
+    cab = [
+        method
+        for policy in policies
+        for method in (
+            *(NIAHMethod(policy, float(s)) for s in sparsities),
+            *(NIAHMethod(policy, kept_blocks=int(k)) for k in kept_blocks),
+        )
+    ]
+    return [NIAHMethod(), *cab]
 
 
 # -- attention preservation ----------------------------------------------------------------------
@@ -361,17 +426,25 @@ def _restoring(model):
 
 
 def _use_method(model, method: NIAHMethod, block_size: int, budget: str) -> None:
+    """Switch ``model`` to ``method``: ``budget`` (the run's) applies to methods given by a sparsity; a method's
+    own block budget and block score override the config's."""
     if method.is_dense:
         model.set_attn_implementation(DENSE)
         return
+    own = {"score": method.score} if method.score is not None else {}
+    if method.kept_blocks is not None:
+        own.update(budget="topk", topk=method.kept_blocks)
     enable_cab(
         model,
-        sparsity=method.sparsity,
-        policy=method.policy,
-        block_size=block_size,
-        budget=budget,
-        min_seq_len=0,
-        decode="sparse",
+        **{
+            "sparsity": method.sparsity,
+            "policy": method.policy,
+            "block_size": block_size,
+            "budget": budget,
+            "min_seq_len": 0,
+            "decode": "sparse",
+            **own,
+        },
     )
     _register_probe()
     model.set_attn_implementation(PROBE)  # CAB itself, with the probe listening
@@ -512,9 +585,7 @@ def _evaluate_row(
     else:
         generated = greedy_answer(model, tokenizer, prompt, len(answer_ids), pad_id)
     return {
-        "method": method.label,
-        "policy": method.policy,
-        "sparsity": method.sparsity,
+        **method.record_fields(),
         "context_length": int(row["context_length"]),
         "depth": float(row["depth"]),
         "sample": int(row["sample"]),

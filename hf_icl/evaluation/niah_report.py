@@ -12,6 +12,9 @@ from pathlib import Path
 
 from .niah import DENSE, RECORD_FIELDS
 
+#: the fields every record has had since the first results format (later ones are filled in when absent)
+_REQUIRED_FIELDS = tuple(name for name in RECORD_FIELDS[:13] if name not in ("score", "kept_blocks"))
+
 __all__ = ["summarize_niah", "write_niah_report"]
 
 
@@ -30,7 +33,7 @@ def summarize_niah(records):
     frame = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
     if frame.empty:
         raise ValueError("records must not be empty")
-    missing = [name for name in RECORD_FIELDS[:11] if name not in frame.columns]
+    missing = [name for name in _REQUIRED_FIELDS if name not in frame.columns]
     if missing:
         raise ValueError(f"records lack the fields {missing}; expected those of RECORD_FIELDS")
     frame["exact_match"] = frame["exact_match"].astype(float)

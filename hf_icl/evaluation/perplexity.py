@@ -152,9 +152,7 @@ def _record(method: NIAHMethod, length: int, windows: int, nll_sum: float, count
     tokens = windows * (length - 1)
     nll = nll_sum / tokens
     return {
-        "method": method.label,
-        "policy": method.policy,
-        "sparsity": method.sparsity,
+        **method.record_fields(),
         "length": length,
         "windows": windows,
         "tokens": tokens,
@@ -168,13 +166,14 @@ def _record(method: NIAHMethod, length: int, windows: int, nll_sum: float, count
 def perplexity_markdown(records: Sequence[dict[str, Any]]) -> str:
     """A markdown table: method, sparsity (requested and achieved), perplexity, ratio to dense."""
     lines = [
-        "| method | sparsity | achieved sparsity | perplexity | ratio to dense |",
+        "| method | budget | achieved sparsity | perplexity | ratio to dense |",
         "|:---|---:|---:|---:|---:|",
     ]
     for r in records:
         ratio = "–" if r["ratio_to_dense"] is None else f"{r['ratio_to_dense']:.4f}"
+        budget = f"{r['kept_blocks']} blocks" if r.get("kept_blocks") is not None else f"{r['sparsity']:.2f}"
         lines.append(
-            f"| {r['method']} | {r['sparsity']:.2f} | {r['achieved_sparsity']:.3f} | {r['perplexity']:.4f} | {ratio} |"
+            f"| {r['method']} | {budget} | {r['achieved_sparsity']:.3f} | {r['perplexity']:.4f} | {ratio} |"
         )
     first = records[0] if records else {"windows": 0, "length": 0, "tokens": 0}
     note = (
