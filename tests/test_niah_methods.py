@@ -34,7 +34,11 @@ def window(tokenizer):
 
 def test_labels_fields_and_errors():
     quest = NIAHMethod("quest", kept_blocks=16)
-    assert quest.label == "cab-quest@16blocks" and (quest.policy, quest.score, quest.budget) == ("magnitude", "bound", "topk")
+    assert quest.label == "cab-quest@16blocks" and (quest.policy, quest.score, quest.budget) == (
+        "magnitude",
+        "bound",
+        "topk",
+    )
     assert quest.record_fields() == {
         "method": "cab-quest@16blocks",
         "policy": "magnitude",
