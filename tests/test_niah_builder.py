@@ -10,6 +10,8 @@ from the builder's internals.
 from __future__ import annotations
 
 import random
+import re
+import uuid
 
 import datasets
 import pytest
@@ -17,7 +19,19 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from hf_icl.data.builders import NeedleInAHaystack, NeedleInAHaystackConfig
-from hf_icl.data.niah import DEFAULT_NEEDLE, DEFAULT_QUESTION, FILLER_SENTENCES, split_sentences
+from hf_icl.data.niah import (
+    DEFAULT_NEEDLE,
+    DEFAULT_QUESTION,
+    FILLER_SENTENCES,
+    KEY_VALUE_NEEDLE,
+    MULTIKEY_QUESTION,
+    MULTIVALUE_QUESTION,
+    PASSKEY_SENTENCES,
+    VALUE_KINDS,
+    VARIANTS,
+    WORDS,
+    split_sentences,
+)
 
 ESSAY = (
     "Startups grow fast or they die. Why is that so?\nBecause growth is what investors buy!  "
@@ -262,3 +276,238 @@ def test_passkey_haystack_is_the_five_sentences_of_the_passkey_test():
     row = next(iter(config.rows()))
     text = gpt2_like().decode(row["input_ids"])
     assert text.count("The grass is green.") >= 2 and "clouds" not in text
+
+
+# -- RULER-style variants ------------------------------------------------------------------------------
+
+VARIANT_GRID = {"context_lengths": [400, 512], "depths": [0.0, 0.3, 0.77, 1.0], "samples_per_cell": 2}
+NEEDLE_RE = re.compile(r"One of the special magic (\w+)s for (\w+) is: (\S+?) ?\.")
+UUID4 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+# llama_like glues a letter to a following period ("e."): its needles space the period off
+SPACED = "One of the special magic {kind}s for {key} is: {value} ."
+
+
+def _question_text(variant: str, kind: str, key: str) -> str:
+    template = MULTIKEY_QUESTION if variant == "multikey" else MULTIVALUE_QUESTION
+    return template.replace("{kind}", kind).replace("{key}", key).strip()
+
+
+def _check_value(kind: str, value: str) -> None:
+    if kind == "number":
+        assert len(value) == 5 and value.isdigit() and value[0] != "0"
+    elif kind == "word":
+        assert value in WORDS
+    else:
+        assert UUID4.fullmatch(value) and uuid.UUID(value).version == 4
+
+
+@pytest.mark.parametrize("kind", VALUE_KINDS)
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", ["gpt2_like", "llama_like"])
+def test_variant_rows_have_exact_lengths_spans_keys_and_values(tokenizers_, name, variant, kind):
+    tokenizer = tokenizers_[name]
+    spaced = name == "llama_like" and kind != "number"
+    template = {"needle_template": SPACED if variant != "single" else "The pass key is {passkey} ."} if spaced else {}
+    rows = list(_config(tokenizer, variant=variant, value_kind=kind, **template, **VARIANT_GRID).rows())
+    assert len(rows) == 2 * 4 * 2
+    for row in rows:
+        ids = row["input_ids"]
+        assert len(ids) == row["context_length"] and row["attention_mask"] == [1] * len(ids)
+        assert (row["variant"], row["value_kind"]) == (variant, kind)
+        spans = list(zip(row["value_starts"], row["value_ends"], strict=True))
+        values = [tokenizer.decode(ids[lo:hi]).strip() for lo, hi in spans]  # every value is an exact span
+        for value in values:
+            _check_value(kind, value)
+        assert (row["answer_start"], row["answer_end"]) == (spans[0][0], spans[-1][1])
+        assert row["needle_start"] <= row["answer_start"] < row["answer_end"] <= row["needle_end"]
+        assert tokenizer.decode(row["answer_ids"]).strip() == row["answer"]
+        text = tokenizer.decode(ids)
+        if variant == "single":
+            assert row["key"] == "" and values == [row["answer"]]
+            needle = tokenizer.decode(ids[row["needle_start"] : row["needle_end"]]).strip()
+            assert needle == (template.get("needle_template") or DEFAULT_NEEDLE).replace("{passkey}", row["answer"])
+            assert text.endswith(DEFAULT_QUESTION.strip())
+            continue
+        # every needle of the prompt, read off its text: (kind, key, value) in prompt order
+        needles = NEEDLE_RE.findall(text)
+        assert all(found_kind == kind for found_kind, _, _ in needles)
+        answer_needles = NEEDLE_RE.findall(tokenizer.decode(ids[row["needle_start"] : row["needle_end"]]))
+        keys = {key for _, key, _ in answer_needles}
+        assert keys == {row["key"]}  # the answer's needles name the key the question asks for
+        assert text.endswith(_question_text(variant, kind, row["key"]))
+        assert [value for _, _, value in answer_needles] == values
+        if kind == "word":  # keys are distinct from the values
+            assert not {key for _, key, _ in needles} & {value for _, _, value in needles}
+        assert len({value for _, _, value in needles}) == len(needles)  # no value twice
+        if variant == "multikey":
+            assert len(needles) == 4 and len({key for _, key, _ in needles}) == 4
+            assert len(values) == 1 and row["answer"] == values[0]
+            distractors = [value for _, key, value in needles if key != row["key"]]
+            assert len(distractors) == 3 and row["answer"] not in distractors
+        else:
+            assert len(needles) == 4 and {key for _, key, _ in needles} == {row["key"]}
+            assert row["answer"] == ", ".join(values) and len(values) == 4
+            assert row["value_starts"] == sorted(row["value_starts"])
+            assert [value for _, _, value in needles] == values  # the answer lists them in prompt order
+
+
+@pytest.mark.parametrize("variant", ["multikey", "multivalue"])
+def test_variant_needles_sit_at_their_depths(gpt2_tok, variant):
+    """The answer's needle at the boundary nearest the depth (multivalue: value j nearest depth + j (1 - depth) / 4),
+    counted in haystack tokens; depth 0 opens the prompt, depth 1 closes the haystack."""
+    rows = list(_config(gpt2_tok, variant=variant, value_kind="word", **VARIANT_GRID).rows())
+    longest = max(len(gpt2_tok(f" {s}")["input_ids"]) for s in FILLER_SENTENCES)
+
+    def tokens(text: str) -> int:
+        return len(gpt2_tok(text, add_special_tokens=False)["input_ids"])
+
+    def needle_tokens(needles) -> int:
+        return sum(tokens(f" One of the special magic {kind}s for {key} is: {value}.") for kind, key, value in needles)
+
+    for row in rows:
+        ids, depth = row["input_ids"], row["depth"]
+        question = gpt2_tok(" " + _question_text(variant, "word", row["key"]), add_special_tokens=False)["input_ids"]
+        assert ids[-len(question) :] == question
+        haystack = len(ids) - len(question) - needle_tokens(NEEDLE_RE.findall(gpt2_tok.decode(ids)))
+        for j, value_start in enumerate(row["value_starts"]):
+            start = next(
+                s for s in range(value_start, -1, -1) if gpt2_tok.decode(ids[s:value_start]).startswith(" One")
+            )
+            before = start - needle_tokens(NEEDLE_RE.findall(gpt2_tok.decode(ids[:start])))  # haystack tokens
+            fraction = depth + j * (1 - depth) / 4
+            assert abs(before - fraction * haystack) <= longest / 2 + 1, (row["depth"], j)
+            # at a sentence boundary (or the haystack's end, after its last sentence cut short)
+            assert before == haystack or gpt2_tok.decode(ids[:start]).strip()[-1:] in ("", ".")
+        if depth == 0.0:
+            assert row["needle_start"] == 0
+        if depth == 1.0:
+            assert row["needle_end"] == len(ids) - len(question)
+            if variant == "multivalue":  # the four needles one after the other, right before the question
+                needles = gpt2_tok.decode(ids[row["needle_start"] : row["needle_end"]]).strip()
+                values = row["answer"].split(", ")
+                assert needles == " ".join(f"One of the special magic words for {row['key']} is: {v}." for v in values)
+
+
+@pytest.mark.parametrize(("variant", "kind"), [("single", "word"), ("multikey", "uuid"), ("multivalue", "number")])
+def test_variant_rows_are_reproducible_and_differ_across_samples(gpt2_tok, variant, kind):
+    config = {"variant": variant, "value_kind": kind, **VARIANT_GRID, "samples_per_cell": 4}
+    rows = list(_config(gpt2_tok, seed=5, **config).rows())
+    assert rows == list(_config(gpt2_tok, seed=5, **config).rows())
+    cell = [row for row in rows if row["context_length"] == 400 and row["depth"] == 0.3]
+    assert len({row["answer"] for row in cell}) == 4 and len({tuple(row["input_ids"]) for row in cell}) == 4
+    other = list(_config(gpt2_tok, seed=6, **config).rows())
+    assert sum(a["answer"] != b["answer"] for a, b in zip(rows, other, strict=True)) >= len(rows) - 2
+    small = list(_config(gpt2_tok, seed=5, **{**config, "context_lengths": [512], "depths": [0.77]}).rows())
+    assert small == [row for row in rows if row["context_length"] == 512 and row["depth"] == 0.77]
+
+
+def _old_default_rows(tokenizer, context_lengths, depths, samples, seed):
+    """The single-passkey rows as the builder made them before variants existed, rebuilt from the template text
+    (gpt2_like: the joining space belongs to the next word, so pieces are tokenised with their leading space)."""
+
+    def ids(text):
+        return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    sentences = [ids(f" {s}") for s in FILLER_SENTENCES]
+    question = ids(DEFAULT_QUESTION)
+    for length in context_lengths:
+        for depth in depths:
+            for sample in range(samples):
+                cell = f"{seed}/{length}/{depth!r}/{sample}"
+                rng = random.Random(f"passkey/{cell}")
+                passkey = str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(4))
+                needle = ids(" " + DEFAULT_NEEDLE.replace("{passkey}", passkey))
+                index, taken, budget = random.Random(f"haystack/{cell}").randrange(len(sentences)), [], 0
+                while budget < length - len(needle) - len(question):
+                    taken.append(sentences[index % len(sentences)][: length - len(needle) - len(question) - budget])
+                    budget += len(taken[-1])
+                    index += 1
+                bounds = [sum(len(s) for s in taken[:k]) for k in range(len(taken) + 1)]
+                at = min(range(len(bounds)), key=lambda k: abs(bounds[k] - depth * bounds[-1]))
+                prompt = [t for s in taken[:at] for t in s] + needle + [t for s in taken[at:] for t in s] + question
+                yield {
+                    "input_ids": prompt,
+                    "answer": passkey,
+                    "answer_ids": ids(f" {passkey}"),
+                    "needle_start": bounds[at],
+                    "needle_end": bounds[at] + len(needle),
+                    "context_length": length,
+                    "depth": depth,
+                    "sample": sample,
+                }
+
+
+def test_default_rows_are_those_of_before_the_variants(gpt2_tok):
+    grid = {"context_lengths": [64, 97, 200], "depths": [0.0, 0.1, 0.5, 0.77, 1.0], "samples_per_cell": 3}
+    default = list(NeedleInAHaystackConfig(tokenizer=gpt2_tok, seed=2, **grid).rows())
+    explicit = NeedleInAHaystackConfig(
+        tokenizer=gpt2_tok, seed=2, variant="single", value_kind="number", n_keys=4, n_values=4, **grid
+    )
+    assert list(explicit.rows()) == default
+    expected = list(_old_default_rows(gpt2_tok, grid["context_lengths"], grid["depths"], 3, seed=2))
+    assert len(default) == len(expected)
+    for row, old in zip(default, expected, strict=True):
+        assert {name: row[name] for name in old} == old
+        answer = gpt2_tok.decode(row["input_ids"][row["answer_start"] : row["answer_end"]]).strip()
+        assert answer == row["answer"] and row["needle_start"] < row["answer_start"]
+        assert gpt2_tok.decode(row["input_ids"][row["needle_start"] : row["answer_start"]]).strip() == "The pass key is"
+        assert (row["variant"], row["value_kind"], row["key"]) == ("single", "number", "")
+        assert (row["value_starts"], row["value_ends"]) == ([row["answer_start"]], [row["answer_end"]])
+
+
+@pytest.mark.parametrize(
+    ("overrides", "match"),
+    [
+        ({"variant": "multi"}, r"variant must be one of \['single', 'multikey', 'multivalue'\], got 'multi'"),
+        ({"value_kind": "hex"}, r"value_kind must be one of \['number', 'word', 'uuid'\], got 'hex'"),
+        ({"variant": "multikey", "n_keys": 1}, r"n_keys must be an integer in \[2, \+inf\), got 1"),
+        ({"variant": "multivalue", "n_values": "3"}, r"n_values must be an integer, got '3'"),
+        ({"n_keys": 3}, r"n_keys=3 applies only to variant 'multikey'.*'single'.*default 4"),
+        ({"variant": "multikey", "n_values": 2}, r"n_values=2 applies only to variant 'multivalue'"),
+        ({"value_kind": "word", "passkey_digits": 7}, r"passkey_digits=7 applies only to value_kind 'number'"),
+        ({"variant": "multikey", "value_kind": "word", "n_keys": 200}, r"n_keys=200 is too many.*WORDS holds"),
+        ({"variant": "multivalue", "passkey_digits": 1, "n_values": 10}, r"n_values=10 is too many.*9 numbers"),
+        ({"variant": "multikey", "needle_template": DEFAULT_NEEDLE}, r"needle_template.*'\{key\}' and '\{value\}'"),
+        ({"variant": "multivalue", "question": " What?"}, r"question must contain '\{key\}'"),
+        ({"variant": "multikey", "context_lengths": [200]}, r"context_lengths\[0\]=200 is too short.*4 needles"),
+        ({"variant": "multivalue", "context_lengths": [512, 120]}, r"context_lengths\[1\]=120 is too short"),
+    ],
+)
+def test_bad_variant_configs_raise_naming_the_field(gpt2_tok, overrides, match):
+    with pytest.raises(ValueError, match=match):
+        _config(gpt2_tok, **{"context_lengths": [512], **overrides})
+
+
+def test_counts_at_their_default_are_ignored_by_other_variants(gpt2_tok):
+    rows = list(_config(gpt2_tok, n_keys=4, n_values=4, context_lengths=[64]).rows())
+    assert rows == list(_config(gpt2_tok, context_lengths=[64]).rows())
+    two = list(_config(gpt2_tok, variant="multikey", n_keys=2, context_lengths=[300]).rows())
+    assert all(len(NEEDLE_RE.findall(gpt2_tok.decode(row["input_ids"]))) == 2 for row in two)
+
+
+def test_a_value_glued_to_the_period_raises(tokenizers_):
+    llama = tokenizers_["llama_like"]
+    with pytest.raises(ValueError, match=r"needle_template .*: the value '.*' is not an exact token span"):
+        _config(llama, variant="multikey", value_kind="word", context_lengths=[512])
+
+
+def test_words_are_distinct_lowercase_and_not_in_the_haystacks_or_templates():
+    assert len(WORDS) >= 300 and len(set(WORDS)) == len(WORDS)
+    assert all(word.isalpha() and word.islower() and word.isascii() for word in WORDS)
+    text = " ".join([*FILLER_SENTENCES, *PASSKEY_SENTENCES, DEFAULT_NEEDLE, DEFAULT_QUESTION, KEY_VALUE_NEEDLE])
+    text += MULTIKEY_QUESTION + MULTIVALUE_QUESTION
+    assert not set(WORDS) & set(re.findall(r"[a-z]+", re.sub(r"\{\w+\}", "", text).lower()))  # placeholders aside
+
+
+def test_variant_builder_round_trip_and_cache_key(gpt2_tok, tmp_path):
+    config = {"context_lengths": [400], "depths": [0.0, 0.5], "samples_per_cell": 2, "seed": 7}
+    single = NeedleInAHaystack(cache_dir=str(tmp_path), tokenizer=gpt2_tok, **config)
+    variant = {"variant": "multivalue", "value_kind": "uuid", "n_values": 3}
+    builder = NeedleInAHaystack(cache_dir=str(tmp_path), tokenizer=gpt2_tok, **config, **variant)
+    assert builder.cache_dir != single.cache_dir
+    builder.download_and_prepare()
+    ds = builder.as_dataset()["test"]
+    assert ds.to_list() == list(NeedleInAHaystackConfig(tokenizer=gpt2_tok, **config, **variant).rows())
+    assert len(ds[0]["value_starts"]) == 3 and ds[0]["variant"] == "multivalue"
+    other = NeedleInAHaystack(cache_dir=str(tmp_path), tokenizer=gpt2_tok, **config, **{**variant, "n_values": 2})
+    assert other.cache_dir != builder.cache_dir

@@ -22,7 +22,8 @@ import hf_icl.evaluation.niah as niah
 from hf_icl.attention.cab import BUDGETS, CABParams, enable_cab, select_cab_blocks
 from hf_icl.attention.selection import attention_preservation
 from hf_icl.cli import main
-from hf_icl.data.niah import NeedleInAHaystackConfig
+from hf_icl.data.niah import MULTIKEY_QUESTION, WORDS, NeedleInAHaystackConfig
+from hf_icl.evaluation.intervals import wilson_interval
 from hf_icl.evaluation.niah import (
     RECORD_FIELDS,
     NIAHMethod,
@@ -52,6 +53,8 @@ TYPES = {
     "achieved_sparsity": float,
     "needle_start": int,
     "needle_end": int,
+    "variant": str,
+    "value_kind": str,
 }
 
 
@@ -330,7 +333,7 @@ def test_resume_skips_done_records_and_refuses_another_config(tokenizer, model, 
 
 def test_summary_and_report(records, tmp_path):
     summary = summarize_niah(records)
-    assert list(summary["method"]) == [
+    order = [
         "sdpa",
         "cab-magnitude@0.00",
         "cab-frc@0.25",
@@ -341,13 +344,25 @@ def test_summary_and_report(records, tmp_path):
         "cab-oracle@0.90",
         "cab-dense@0.90",
     ]
-    assert (summary["n"] == 6).all()
+    assert list(summary["context_length"]) == [96] * N_METHODS + [128] * N_METHODS + ["all"] * N_METHODS
+    for length, n in [(96, 3), (128, 3), ("all", 6)]:  # one section per context length, then all lengths pooled
+        section = summary[summary["context_length"] == length]
+        assert list(section["method"]) == order and (section["n"] == n).all()
+    pooled = summary[summary["context_length"] == "all"]
     frc = [r for r in records if r["method"] == "cab-frc@0.90"]
-    row = summary.set_index("method").loc["cab-frc@0.90"]
-    assert row["accuracy"] == pytest.approx(sum(r["exact_match"] for r in frc) / 6)
+    row = pooled.set_index("method").loc["cab-frc@0.90"]
+    hits = sum(r["exact_match"] for r in frc)
+    assert row["accuracy"] == pytest.approx(hits / 6) and row["hits"] == hits
+    assert (row["accuracy_low"], row["accuracy_high"]) == pytest.approx(wilson_interval(hits, 6))
     assert row["answer_logprob"] == pytest.approx(sum(r["answer_logprob"] for r in frc) / 6)
     assert row["preservation"] == pytest.approx(sum(r["preservation"] for r in frc) / 6)
-    assert summary.groupby("sparsity")["best"].sum().to_dict() == {0.0: 1, 0.25: 1, 0.9: 1}
+    assert pooled.groupby("sparsity")["best"].sum().to_dict() == {0.0: 1, 0.25: 1, 0.9: 1}
+    for length in (96, 128):
+        assert summary[summary["context_length"] == length].groupby("sparsity")["best"].sum().to_dict() == {
+            0.0: 1,
+            0.25: 1,
+            0.9: 1,
+        }
     written = write_niah_report(records, tmp_path / "report")
     for name in [
         "summary.csv",
@@ -359,8 +374,8 @@ def test_summary_and_report(records, tmp_path):
         assert (tmp_path / "report" / name).stat().st_size > 0 and name in written
     assert len([p for p in written if p.startswith("heatmap_")]) == N_METHODS
     table = [line for line in (tmp_path / "report" / "summary.md").read_text().splitlines() if line.startswith("| ")]
-    assert len(table) == 1 + N_METHODS  # header + one row per method
-    assert sum("★" in line for line in table) == 3
+    assert len(table) == 3 * (1 + N_METHODS)  # per section (96, 128, all lengths): header + one row per method
+    assert sum("★" in line for line in table) == 3 * 3
 
 
 def test_percent_of_dense_and_best_policy():
@@ -886,3 +901,109 @@ def test_smollm2_gguf_retrieves_the_passkey_densely(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()[1:]]
     dense = [r for r in records if r["method"] == "sdpa"]
     assert dense and all(r["exact_match"] for r in dense), dense
+
+
+# -- RULER-style needle variants -----------------------------------------------------------------------
+
+
+def test_a_variant_run_records_it_and_refuses_another_variant(tokenizer, model, tmp_path, monkeypatch):
+    path = tmp_path / "multikey.jsonl"
+    grid = {"context_lengths": [224], "depths": [0.0, 1.0], "samples_per_cell": 1}
+    variant = {"variant": "multikey", "value_kind": "word", "n_keys": 2}
+    methods = [NIAHMethod(), NIAHMethod("streaming", 0.5)]
+    seen = []
+    original = niah._evaluate_row
+
+    def spy(model, tokenizer, row, method, last_rows, *args):
+        seen.append((row["key"], last_rows))
+        return original(model, tokenizer, row, method, last_rows, *args)
+
+    monkeypatch.setattr(niah, "_evaluate_row", spy)
+    run = {"methods": methods, "results_file": path, "progress": False, **grid}
+    records = run_niah(model, tokenizer, **run, **variant)
+    rows = list(NeedleInAHaystackConfig(tokenizer=tokenizer, **grid, **variant).rows())
+    assert len(records) == 2 * 2
+    for record in records:
+        assert tuple(record) == RECORD_FIELDS
+        assert (record["variant"], record["value_kind"]) == ("multikey", "word") and record["answer"] in WORDS
+        assert record["exact_match"] == (record["generated"] == record["answer"])
+    assert [r["answer"] for r in records] == [row["answer"] for row in rows] * 2
+    assert [(r["needle_start"], r["needle_end"]) for r in records[:2]] == [
+        (row["needle_start"], row["needle_end"]) for row in rows
+    ]
+    # the preservation queries are each row's own question, which names its key
+    for key, last_rows in seen:
+        question = MULTIKEY_QUESTION.replace("{kind}", "word").replace("{key}", key)
+        assert last_rows == len(tokenizer(question, add_special_tokens=False)["input_ids"])
+    assert {key for key, _ in seen} == {row["key"] for row in rows}
+    header = json.loads(path.read_text().splitlines()[0])["niah_header"]
+    assert (header["variant"], header["value_kind"], header["n_keys"]) == ("multikey", "word", 2)
+    assert "n_values" not in header
+    seen.clear()
+    assert run_niah(model, tokenizer, **run, **variant) == records and seen == []  # resumes: nothing recomputed
+    for change, match in [
+        ({"variant": "multivalue", "n_keys": 4, "n_values": 2}, "another configuration.*variant"),
+        ({"value_kind": "number"}, "another configuration.*value_kind"),
+        ({"n_keys": 3}, "another configuration.*n_keys"),
+        ({"variant": "single", "n_keys": 4}, "another configuration.*variant"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            run_niah(model, tokenizer, **run, **{**variant, **change})
+
+
+def test_a_file_from_before_the_variants_resumes_as_single_number(tokenizer, model, tmp_path):
+    path = tmp_path / "old.jsonl"
+    grid = {"methods": [NIAHMethod()], "context_lengths": [96], "depths": [0.5], "samples_per_cell": 1}
+    grid["progress"] = False
+    first = run_niah(model, tokenizer, results_file=path, **grid)
+    assert first[0]["variant"] == "single" and first[0]["value_kind"] == "number"
+    header, *records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in [header["niah_header"], *records]:  # as written before the variants existed
+        del record["variant"], record["value_kind"]
+    path.write_text("".join(json.dumps(line) + "\n" for line in [header, *records]))
+    assert load_niah_results(path) == first
+    assert run_niah(model, tokenizer, results_file=path, **grid) == first
+    with pytest.raises(ValueError, match="another configuration.*value_kind"):
+        run_niah(model, tokenizer, results_file=path, value_kind="word", **grid)
+
+
+def test_cli_variant_flags_reach_the_prompts(tokenizer, tmp_path, capsys):
+    saved = _saved_tiny_gpt2(tokenizer, tmp_path)
+    out = tmp_path / "multivalue"
+    argv = ["niah", "--model", str(saved), "--lengths", "240", "--depths", "0.5", "--samples", "1"]
+    argv += ["--policies", "streaming", "--sparsities", "0.5", "--device", "cpu", "--output-dir", str(out)]
+    argv += ["--no-progress", "--variant", "multivalue", "--value-kind", "word"]
+    assert main([*argv, "--values", "3"]) == 0
+    header, *records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    header = header["niah_header"]
+    assert (header["variant"], header["value_kind"], header["n_values"]) == ("multivalue", "word", 3)
+    prompts = {"context_lengths": [240], "depths": [0.5], "samples_per_cell": 1, "variant": "multivalue"}
+    (row,) = NeedleInAHaystackConfig(tokenizer=tokenizer, value_kind="word", n_values=3, **prompts).rows()
+    assert len(row["answer"].split(", ")) == 3 and all(v in WORDS for v in row["answer"].split(", "))
+    assert len(records) == 2
+    assert all((r["variant"], r["value_kind"], r["answer"]) == ("multivalue", "word", row["answer"]) for r in records)
+    capsys.readouterr()
+    for change, match in [
+        (["--values", "2"], "another configuration.*n_values"),
+        (["--values", "1"], r"--values must be an integer in \[2, \+inf\), got 1"),
+        (["--variant", "multikey", "--values", "3"], "--values applies only to --variant multivalue"),
+        (["--variant", "multikey", "--keys", "9"], r"context_lengths\[0\]=240 is too short.*9 needles"),
+        (["--variant", "single", "--keys", "2"], "--keys applies only to --variant multikey"),
+        (["--values", "3", "--value-kind", "number"], "another configuration.*value_kind"),
+    ]:
+        assert main([*argv, *change]) == 2
+        err = capsys.readouterr().err
+        assert "hf-icl niah: error:" in err and re.search(match, err), err
+    for bad in (["--variant", "multi"], ["--value-kind", "hex"]):  # argparse's choices
+        with pytest.raises(SystemExit):
+            main([*argv, *bad])
+    assert "invalid choice" in capsys.readouterr().err
+
+
+def test_cli_choices_are_the_builders():
+    from hf_icl.cli import build_parser
+    from hf_icl.data.niah import VALUE_KINDS, VARIANTS
+
+    niah_parser = build_parser()._subparsers._group_actions[0].choices["niah"]
+    choices = {action.dest: action.choices for action in niah_parser._actions}
+    assert tuple(choices["variant"]) == VARIANTS and tuple(choices["value_kind"]) == VALUE_KINDS

@@ -296,8 +296,13 @@ def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 def runs_dense(params: CABParams, n_q: int, n_k: int) -> bool:
     """Whether a call with ``n_q`` queries over ``n_k`` keys runs dense attention: every token would keep every
-    visible block (all before ``cab_min_seq_len``, or a row budget at sparsity 0), or a dense decode step."""
-    every_block = n_k <= params.min_seq_len or (params.budget == "row" and params.sparsity == 0)
+    visible block (all before ``cab_min_seq_len``, a row budget at sparsity 0, or a top-k budget covering every
+    block), or a dense decode step."""
+    if params.budget == "row":
+        every_block = params.sparsity == 0
+    else:  # a budget of at least every block the last token sees
+        every_block = params.topk * params.block_size >= n_k
+    every_block = every_block or n_k <= params.min_seq_len
     return every_block or (n_q < n_k and params.decode == "dense")
 
 
@@ -411,8 +416,17 @@ def enable_cab(model, **hyperparameters):
     unknown = [name for name in hyperparameters if name not in allowed]
     if unknown:
         raise ValueError(_unknown_message("enable_cab got an unknown keyword", unknown, allowed))
-    current = CABParams.from_config(model.config)
-    params = CABParams(**{**asdict(current), **hyperparameters})
+    current = asdict(CABParams.from_config(model.config))
+    if "budget" not in hyperparameters:  # a sparsity alone means the row budget, a block count alone top-k
+        given = [name for name in ("sparsity", "topk") if name in hyperparameters]
+        if len(given) == 2:
+            raise ValueError(
+                f"enable_cab got sparsity={hyperparameters['sparsity']} and topk={hyperparameters['topk']} without "
+                "budget: pass budget='row' (a fraction of each token's visible blocks) or budget='topk' (blocks)"
+            )
+        if given:
+            current["budget"] = "row" if given == ["sparsity"] else "topk"
+    params = CABParams(**{**current, **hyperparameters})
     for field, value in params.to_config_fields().items():
         setattr(model.config, field, value)
     model.set_attn_implementation(NAME)

@@ -15,7 +15,7 @@ from ..kernels._common import BACKENDS
 from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
 from ..validation import check_choice, check_float, check_int
 
-__all__ = ["BUDGETS", "CABParams", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
+__all__ = ["BUDGETS", "CABParams", "DEFAULT_BUDGET", "DEFAULT_SPARSITY", "DEFAULT_TOPK", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
 
 NAME = "cab"
 #: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
@@ -31,18 +31,29 @@ _NOT_CAUSAL = {
 }
 
 
+#: the budget enable_cab() uses when given neither a sparsity nor a block count: each query token keeps
+#: DEFAULT_TOPK key blocks, sink and local window included (16 × 64 = 1,024 tokens; docs/results/niah.md)
+DEFAULT_BUDGET = "topk"
+DEFAULT_TOPK = 16
+#: the row budget's sparsity when none is given
+DEFAULT_SPARSITY = 0.9
+
+
 @dataclass(frozen=True)
 class CABParams:
     """The ``cab_*`` fields of a model config, validated. Defaults apply to absent fields."""
 
-    sparsity: float = 0.9
+    #: None: ``DEFAULT_SPARSITY``; giving it (and no ``budget``, no ``topk``) means ``budget="row"``
+    sparsity: float | None = None
     block_size: int = 64
     # the best measured on SmolLM2 passkey retrieval (docs/results/niah.md): magnitude ranking of mean-key scores
     policy: str = "magnitude"
     score: str = "mean"
     lam: float = 0.5
-    budget: str = "row"
-    topk: int = 8
+    #: None: ``"row"`` when only ``sparsity`` is given, else ``"topk"`` (the anchors' unit, the measured default)
+    budget: str | None = None
+    #: None: ``DEFAULT_TOPK``; giving it (and no ``budget``, no ``sparsity``) means ``budget="topk"``
+    topk: int | None = None
     sink_blocks: int = 1
     # 1: a token's own block is its local window; 2 adds the block before it (tokens early in their block then
     # still see up to a block of local context: SmolLM2's perplexity at 90 % went 1.70× → 1.33× dense)
@@ -53,6 +64,7 @@ class CABParams:
     backend: str = "auto"
 
     def __post_init__(self):
+        self._resolve_budget()
         if check_float("cab_sparsity", self.sparsity, low=0.0) >= 1:
             raise ValueError(
                 f"cab_sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {self.sparsity}"
@@ -77,6 +89,21 @@ class CABParams:
         check_choice("cab_decode", self.decode, DECODE_MODES)
         check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
         check_choice("cab_backend", self.backend, BACKENDS)
+
+    def _resolve_budget(self) -> None:
+        """Fill ``budget``, ``sparsity`` and ``topk`` left None: a sparsity alone asks for the row budget, a block
+        count alone (or neither) for the top-k budget; both without a budget is ambiguous."""
+        if self.budget is None:
+            if self.sparsity is not None and self.topk is not None:
+                raise ValueError(
+                    f"cab_sparsity={self.sparsity} and cab_topk={self.topk} are both given without cab_budget: set "
+                    "cab_budget='row' (a fraction of each token's visible blocks) or 'topk' (a number of blocks)"
+                )
+            object.__setattr__(self, "budget", "row" if self.sparsity is not None else DEFAULT_BUDGET)
+        if self.sparsity is None:
+            object.__setattr__(self, "sparsity", DEFAULT_SPARSITY)
+        if self.topk is None:
+            object.__setattr__(self, "topk", DEFAULT_TOPK)
 
     def selection_rule(self) -> dict:
         """The fields of the per-token selection rule (the keywords of

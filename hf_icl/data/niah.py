@@ -1,18 +1,42 @@
-"""Needle-in-a-haystack passkey prompts as a ``datasets`` builder.
+"""Needle-in-a-haystack retrieval prompts as a ``datasets`` builder, with RULER's needle variants.
 
-Each prompt is a haystack of sentences with a needle sentence (holding a random passkey) inserted
-at a requested depth, then a question that the passkey answers. Prompts are assembled from token
-ids of separately tokenised pieces, so every prompt has exactly the requested number of tokens and
-the needle and passkey token spans are exact.
+Each prompt is a haystack of sentences with needle sentences inserted at sentence boundaries, then a
+question that the needles answer. Prompts are assembled from token ids of separately tokenised pieces, so
+every prompt has exactly the requested number of tokens and the needle and value token spans are exact.
+
+Variants (``variant``; the key-value ones follow RULER's niah tasks, Hsieh et al. 2024, arXiv 2404.06654):
+
+* ``"single"`` (default): the passkey test. One needle, ``"The pass key is {passkey}. Remember it. ..."``,
+  at the cell's depth; the answer is the passkey.
+* ``"multikey"``: ``n_keys`` needles ``"One of the special magic {kind}s for {key} is: {value}."``, each with
+  its own key and value; the question asks for the first key's value, the other needles are distractors.
+* ``"multivalue"``: ``n_values`` needles with the same key and different values; the question asks for all
+  of them, and the answer is the values joined by ``", "`` in the order the needles appear.
+
+Values (``value_kind``): ``"number"`` (``passkey_digits`` random digits, the default), ``"word"`` (a word of
+:data:`WORDS`) or ``"uuid"`` (a UUID4-format string drawn from the cell's seeded generator). Keys are words
+of :data:`WORDS`, distinct within a prompt and from its values. ``{kind}`` in a template is ``value_kind``.
+
+Placement: the answer's needle sits at the sentence boundary nearest ``depth`` (as a fraction of the
+haystack's tokens); multikey's distractors at seeded random other boundaries (distinct while there are
+enough); multivalue's needles at the boundaries nearest ``depth + j * (1 - depth) / n_values`` for
+``j = 0 .. n_values - 1``: the first value at ``depth``, the others evenly over the stretch after it to the
+haystack's end (at depth 1 they all sit, in order, right before the question). Needles that share a
+boundary follow each other. ``(seed, context_length, depth, sample)`` fixes every key, value and position.
 
 Example::
 
-    from hf_icl.data.builders import NeedleInAHaystack
+    from hf_icl.data.builders import NeedleInAHaystack, NeedleInAHaystackConfig
 
     builder = NeedleInAHaystack(tokenizer="gpt2", context_lengths=[1024, 4096],
                                 depths=[0.0, 0.5, 1.0], samples_per_cell=5)
     builder.download_and_prepare()
     ds = builder.as_dataset()["test"].with_format("torch")   # input_ids, answer_ids, spans, ...
+
+    # RULER's multi-key task with word values: four needles, the question names one needle's key
+    config = NeedleInAHaystackConfig(tokenizer="gpt2", context_lengths=[2048], depths=[0.5],
+                                     variant="multikey", value_kind="word", n_keys=4)
+    row = next(config.rows())   # row["answer"]: e.g. "lemon"; row["key"]: the word the question names
 """
 
 from __future__ import annotations
@@ -24,6 +48,7 @@ import os
 import random
 import re
 import sys
+import uuid
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, NamedTuple
@@ -35,6 +60,56 @@ from ..validation import check_choice, check_float, check_int
 PASSKEY = "{passkey}"
 DEFAULT_NEEDLE = "The pass key is {passkey}. Remember it. {passkey} is the pass key."
 DEFAULT_QUESTION = " What is the pass key? The pass key is"
+KEY = "{key}"
+VALUE = "{value}"
+KIND = "{kind}"
+#: RULER's needle for the key-value variants (multikey, multivalue)
+KEY_VALUE_NEEDLE = "One of the special magic {kind}s for {key} is: {value}."
+MULTIKEY_QUESTION = (
+    " What is the special magic {kind} for {key} mentioned in the provided text?"
+    " The special magic {kind} for {key} mentioned in the provided text is"
+)
+MULTIVALUE_QUESTION = (
+    " What are all the special magic {kind}s for {key} mentioned in the provided text?"
+    " The special magic {kind}s for {key} mentioned in the provided text are"
+)
+#: needle variants: one passkey, several keys (one asked for), several values of one key (all asked for)
+VARIANTS = ("single", "multikey", "multivalue")
+#: what a needle's value is: random digits, a word of WORDS, a UUID4-format string
+VALUE_KINDS = ("number", "word", "uuid")
+#: the variants' needle and question templates, used where ``needle_template`` / ``question`` are None
+VARIANT_TEMPLATES = {
+    "single": (DEFAULT_NEEDLE, DEFAULT_QUESTION),
+    "multikey": (KEY_VALUE_NEEDLE, MULTIKEY_QUESTION),
+    "multivalue": (KEY_VALUE_NEEDLE, MULTIVALUE_QUESTION),
+}
+_DEFAULT_COUNT = 4  # n_keys and n_values
+_DEFAULT_DIGITS = 5  # passkey_digits
+#: Keys and word values: common lowercase nouns and adjectives, none of them a word of the built-in haystacks
+#: or the templates.
+WORDS = tuple(
+    """
+    apple arm army baby bag ball band bank bar base basket bath bear bed bee belt bench bike blade blanket board
+    body bone book boot bottle bowl box brain branch brick bucket butter button cabin cake camera camp candle
+    candy cap car card carpet castle cat cave chain chair chalk cheese cherry chest chicken circle city cloth coat
+    coffee coin collar copper corn cotton cow crown desk diamond dinner dish doctor door dragon drawer dress drum
+    duck eagle egg elbow engine eye face farm feather fence finger fire fish flag floor flute fork fox frog fruit
+    game ghost gift glass glove goat gold grape guitar hammer hand harbor hat heart helmet honey hook horse hotel
+    house ice island jacket jar jelly jewel judge kettle king kitchen kite knife ladder lamp lemon letter library
+    lion lock map marble market mask meadow medal metal milk mirror money monkey motor mouse mouth nail nest net
+    nose notebook ocean office onion orange owl oven paint palace pan paper parrot peach pear pen pencil pepper
+    piano pie pig pillow pilot pipe planet plate pocket potato prince puzzle queen rabbit radio ribbon ring robot
+    rocket rope rose salt saw scarf shark sheep shell ship shirt shoe silver singer sink skirt sock soap soup
+    spoon square station statue stick storm sugar suit sword tail teacher tent thread tiger toast tooth towel
+    tower toy train truck tunnel turtle umbrella vase violin wagon wallet watch wheel whistle window wing wolf
+    yarn zebra angry bold brave bright broad busy cheap clean clever cold cool crazy curly dark deep dirty dry
+    eager empty fair famous fancy fast fat flat fluffy free friendly funny gentle giant glad grand happy hard
+    heavy honest huge hungry icy kind large lazy loud lucky mighty narrow neat nervous noisy odd pink plain polite
+    poor proud purple rapid rare red rich rough round rude sad safe sharp shiny short shy silly simple slim slow
+    smart smooth soft solid sour spicy steep sticky strange strong sweet swift thick thin tiny tough ugly wet wide
+    wild wise wooden young
+    """.split()
+)
 
 #: The passkey test's own haystack (Mohtashami & Jaggi, Landmark Attention): five sentences, repeated. Small
 #: pretrained models (SmolLM2-135M) retrieve from it densely; varied filler prose distracts them.
@@ -91,6 +166,10 @@ _PLAIN_FIELDS = (
     "passkey_digits",
     "question",
     "seed",
+    "variant",
+    "value_kind",
+    "n_keys",
+    "n_values",
 )
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
@@ -117,6 +196,27 @@ def cell_rng(purpose: str, seed: int, context_length: int, depth: float, sample:
 def make_passkey(rng: random.Random, digits: int) -> str:
     """``digits`` random digits, the first nonzero (so the passkey has exactly that many digits)."""
     return str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(digits - 1))
+
+
+def make_value(rng: random.Random, value_kind: str, digits: int) -> str:
+    """A random value of ``value_kind``: :func:`make_passkey`'s digits, a word of :data:`WORDS` or a UUID4-format
+    string (its 122 random bits from ``rng``, so seeded, unlike ``uuid.uuid4()``)."""
+    if value_kind == "number":
+        return make_passkey(rng, digits)
+    if value_kind == "word":
+        return rng.choice(WORDS)
+    check_choice("value_kind", value_kind, VALUE_KINDS)
+    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
+
+
+def _distinct_values(rng: random.Random, value_kind: str, digits: int, count: int, taken: set[str]) -> list[str]:
+    """``count`` values of :func:`make_value`, distinct from each other and from ``taken``."""
+    values: list[str] = []
+    while len(values) < count:
+        value = make_value(rng, value_kind, digits)
+        if value not in taken and value not in values:
+            values.append(value)
+    return values
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -165,7 +265,7 @@ def load_haystack(haystack, column: str | None) -> list[str]:
 
 
 class Needle(NamedTuple):
-    """A needle's token ids and the passkey's token span ``[start, end)`` within them."""
+    """A needle's token ids and its passkey's / value's token span ``[start, end)`` within them."""
 
     ids: list[int]
     answer_start: int
@@ -213,6 +313,16 @@ class _Encoder:
         return self.tokenizer.decode(ids)
 
 
+class _Draw(NamedTuple):
+    """A prompt's random choices: the key the question names ("" for ``single``), the answer's values in needle
+    order, the distractors' ``(key, value)`` (multikey) and the index of the first haystack sentence."""
+
+    key: str
+    values: list[str]
+    distractors: list[tuple[str, str]]
+    first: int
+
+
 @dataclass
 class NeedleInAHaystackConfig(datasets.BuilderConfig):
     """What to generate; validated (and the tokenizer loaded) on construction.
@@ -221,26 +331,40 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         tokenizer: a name / local path for ``AutoTokenizer.from_pretrained``, or a fast tokenizer object.
         context_lengths: exact prompt lengths in tokens (question included).
         depths: needle positions as fractions of the haystack, in ``[0, 1]`` (0: first, 1: last).
-        samples_per_cell: prompts per (context length, depth) cell, each with its own passkey.
-        needle_template: the needle sentence; must contain ``{passkey}``.
-        passkey_digits: digits of the random passkey.
-        question: the prompt's suffix, which the passkey completes.
+        samples_per_cell: prompts per (context length, depth) cell, each with its own keys and values.
+        needle_template: the needle sentence. ``single``: must contain ``{passkey}``; multikey and multivalue:
+            must contain ``{key}`` and ``{value}``. ``{kind}`` becomes ``value_kind``. None: the variant's
+            (:data:`VARIANT_TEMPLATES`).
+        passkey_digits: digits of the random numbers (``value_kind="number"`` only).
+        question: the prompt's suffix, which the answer completes; multikey and multivalue: must contain
+            ``{key}``. None: the variant's.
         haystack: ``"filler"`` (built-in varied sentences), ``"passkey"`` (the passkey test's five sentences), a
             text file path or a ``datasets.Dataset``.
         haystack_column: the text column when ``haystack`` is a ``datasets.Dataset``.
-        seed: fixes every passkey and haystack offset.
+        seed: fixes every key, value, needle position and haystack offset.
+        variant: ``"single"``, ``"multikey"`` or ``"multivalue"`` (see the module docstring).
+        value_kind: ``"number"``, ``"word"`` or ``"uuid"``.
+        n_keys: needles of a multikey prompt (the answer's and ``n_keys - 1`` distractors), at least 2.
+        n_values: needles (values) of a multivalue prompt, at least 2.
+
+    ``n_keys``, ``n_values`` and ``passkey_digits`` apply to one variant / value kind each; set to anything but
+    their default for another one, they raise.
     """
 
     tokenizer: Any = None
     context_lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096])
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     samples_per_cell: int = 5
-    needle_template: str = DEFAULT_NEEDLE
-    passkey_digits: int = 5
-    question: str = DEFAULT_QUESTION
+    needle_template: str | None = None
+    passkey_digits: int = _DEFAULT_DIGITS
+    question: str | None = None
     haystack: Any = "filler"
     haystack_column: str = "text"
     seed: int = 0
+    variant: str = "single"
+    value_kind: str = "number"
+    n_keys: int = _DEFAULT_COUNT
+    n_values: int = _DEFAULT_COUNT
 
     def __post_init__(self):
         super().__post_init__()
@@ -248,13 +372,21 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         self._sentences = load_haystack(self.haystack, self.haystack_column)
         self._encoder = _Encoder(load_tokenizer(self.tokenizer), (self._sentences[0], self._sentences[-1]))
         self._sentence_ids = self._encoder.pieces([f" {s}" for s in self._sentences])
-        self._question_ids = self._encoder.piece(self.question)
-        self._needles: dict[str, Needle] = {}
+        self._needle_text = self.needle_template.replace(KIND, self.value_kind)
+        self._question_text = self.question.replace(KIND, self.value_kind)
+        self._questions: dict[str, list[int]] = {}
+        self._question_ids = self.question_ids("")  # the single variant's question (no key)
+        self._needles: dict[tuple[str, str], Needle] = {}
         for cell in self.cells():  # tokenises every needle now, so a bad config fails before any writing
             self._check_cell(*cell)
 
+    @property
+    def keyed(self) -> bool:
+        """Whether the needles carry keys (multikey, multivalue)."""
+        return self.variant != "single"
+
     def _check_fields(self) -> None:
-        """Check (and normalise: depths become floats) everything that needs no tokenizer."""
+        """Check (and normalise: depths become floats, None templates the variant's) what needs no tokenizer."""
         lengths = _as_list("context_lengths", self.context_lengths)
         self.context_lengths = _distinct(
             "context_lengths", [check_int(f"context_lengths[{i}]", n, low=1) for i, n in enumerate(lengths)]
@@ -266,10 +398,58 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         check_int("samples_per_cell", self.samples_per_cell, low=1)
         check_int("passkey_digits", self.passkey_digits, low=1)
         check_int("seed", self.seed, low=0)
-        if not isinstance(self.needle_template, str) or PASSKEY not in self.needle_template:
-            raise ValueError(f"needle_template must be a string containing {PASSKEY!r}, got {self.needle_template!r}")
+        check_choice("variant", self.variant, VARIANTS)
+        check_choice("value_kind", self.value_kind, VALUE_KINDS)
+        self._check_counts()
+        needle, question = VARIANT_TEMPLATES[self.variant]
+        self.needle_template = needle if self.needle_template is None else self.needle_template
+        self.question = question if self.question is None else self.question
+        markers = (KEY, VALUE) if self.keyed else (PASSKEY,)
+        if not isinstance(self.needle_template, str) or any(m not in self.needle_template for m in markers):
+            raise ValueError(
+                f"needle_template must be a string containing {' and '.join(map(repr, markers))} for variant "
+                f"{self.variant!r}, got {self.needle_template!r}"
+            )
         if not isinstance(self.question, str) or not self.question.strip():
             raise ValueError(f"question must be a non-empty string, got {self.question!r}")
+        if self.keyed and KEY not in self.question:
+            raise ValueError(
+                f"question must contain {KEY!r} (the key asked for) for variant {self.variant!r}, got {self.question!r}"
+            )
+
+    def _check_counts(self) -> None:
+        """``n_keys`` / ``n_values`` / ``passkey_digits``: in range for their variant / value kind, else default;
+        enough distinct keys and values to draw."""
+        for name, variant in (("n_keys", "multikey"), ("n_values", "multivalue")):
+            value = getattr(self, name)
+            if self.variant == variant:
+                check_int(name, value, low=2)
+            elif value != _DEFAULT_COUNT:
+                raise ValueError(
+                    f"{name}={value!r} applies only to variant {variant!r}; with variant {self.variant!r} leave it "
+                    f"at its default {_DEFAULT_COUNT}"
+                )
+        if self.value_kind != "number" and self.passkey_digits != _DEFAULT_DIGITS:
+            raise ValueError(
+                f"passkey_digits={self.passkey_digits!r} applies only to value_kind 'number'; with value_kind "
+                f"{self.value_kind!r} leave it at its default {_DEFAULT_DIGITS}"
+            )
+        if self.variant == "single":
+            return
+        name, count = ("n_keys", self.n_keys) if self.variant == "multikey" else ("n_values", self.n_values)
+        keys = count if self.variant == "multikey" else 1
+        words = keys + count if self.value_kind == "word" else keys
+        if words > len(WORDS):
+            raise ValueError(
+                f"{name}={count} is too many: the prompt's {words} keys and word values must be distinct words, "
+                f"and WORDS holds {len(WORDS)}"
+            )
+        numbers = 9 * 10 ** (self.passkey_digits - 1)
+        if self.value_kind == "number" and count > numbers:
+            raise ValueError(
+                f"{name}={count} is too many for passkey_digits={self.passkey_digits}: the values must be distinct, "
+                f"and there are {numbers} numbers of {self.passkey_digits} digits"
+            )
 
     def cells(self):
         """``(context_length, depth, sample)`` of every prompt, in row order."""
@@ -291,70 +471,147 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         """Cache id from :meth:`fingerprint`: tokenizer objects and datasets have no stable hash of their own."""
         return f"{self.name}-{self.fingerprint()}"
 
-    def needle(self, passkey: str) -> Needle:
-        """The needle holding ``passkey``; raises if the passkey is not an exact token span of it."""
-        if passkey not in self._needles:
-            text = " " + self.needle_template.replace(PASSKEY, passkey)
-            start = 1 + self.needle_template.index(PASSKEY)
-            ids, lo, hi = self._encoder.span(text, start, start + len(passkey))
-            if self._encoder.decode(ids[lo:hi]).strip() != passkey:
+    def needle(self, value: str, key: str = "") -> Needle:
+        """The needle holding ``value`` (and ``key``, for multikey / multivalue); raises if the value is not an
+        exact token span of it."""
+        if (key, value) not in self._needles:
+            marker = VALUE if self.keyed else PASSKEY
+            template = self._needle_text.replace(KEY, key) if self.keyed else self._needle_text
+            start = 1 + template.index(marker)
+            ids, lo, hi = self._encoder.span(" " + template.replace(marker, value), start, start + len(value))
+            if self._encoder.decode(ids[lo:hi]).strip() != value:
+                what = "value" if self.keyed else "passkey"
                 raise ValueError(
-                    f"needle_template {self.needle_template!r}: the passkey {passkey!r} is not an exact token span "
+                    f"needle_template {self.needle_template!r}: the {what} {value!r} is not an exact token span "
                     f"under this tokenizer (its tokens decode to {self._encoder.decode(ids[lo:hi])!r}); "
-                    "separate {passkey} from neighbouring characters, e.g. with spaces"
+                    f"separate {marker} from neighbouring characters, e.g. with spaces"
                 )
-            self._needles[passkey] = Needle(ids, lo, hi)
-        return self._needles[passkey]
+            self._needles[key, value] = Needle(ids, lo, hi)
+        return self._needles[key, value]
 
-    def answer_ids(self, passkey: str) -> list[int]:
-        """The ids the model should generate after the question; they decode to the passkey."""
-        ids = self._encoder.piece(f" {passkey}")
-        if self._encoder.decode(ids).strip() != passkey:
-            raise ValueError(f"the passkey {passkey!r} does not round-trip through the tokenizer: {ids}")
+    def question_ids(self, key: str = "") -> list[int]:
+        """The question's ids, naming ``key`` (multikey, multivalue; ``""`` for single)."""
+        if key not in self._questions:
+            self._questions[key] = self._encoder.piece(
+                self._question_text.replace(KEY, key) if self.keyed else self._question_text
+            )
+        return self._questions[key]
+
+    def answer_ids(self, answer: str) -> list[int]:
+        """The ids the model should generate after the question; they decode to ``answer``."""
+        ids = self._encoder.piece(f" {answer}")
+        if self._encoder.decode(ids).strip() != answer:
+            what = "passkey" if self.variant == "single" and self.value_kind == "number" else "answer"
+            raise ValueError(f"the {what} {answer!r} does not round-trip through the tokenizer: {ids}")
         return ids
 
-    def _draw(self, length: int, depth: float, sample: int) -> tuple[str, int]:
-        """The prompt's passkey and the index of its first haystack sentence (the haystack cycles on from there)."""
+    def _draw(self, length: int, depth: float, sample: int) -> _Draw:
+        """The prompt's keys, values and first haystack sentence (the haystack cycles on from there)."""
         cell = (self.seed, length, depth, sample)
-        passkey = make_passkey(cell_rng("passkey", *cell), self.passkey_digits)
-        return passkey, cell_rng("haystack", *cell).randrange(len(self._sentences))
+        first = cell_rng("haystack", *cell).randrange(len(self._sentences))
+        if not self.keyed:  # the passkey's draw, as before the variants existed
+            return _Draw("", [make_value(cell_rng("passkey", *cell), self.value_kind, self.passkey_digits)], [], first)
+        rng = cell_rng("needles", *cell)
+        keys = rng.sample(WORDS, self.n_keys if self.variant == "multikey" else 1)
+        count = self.n_keys if self.variant == "multikey" else self.n_values
+        values = _distinct_values(rng, self.value_kind, self.passkey_digits, count, set(keys))
+        if self.variant == "multikey":  # the first key is asked for, the others are distractors
+            return _Draw(keys[0], values[:1], list(zip(keys[1:], values[1:], strict=True)), first)
+        return _Draw(keys[0], values, [], first)
+
+    def _draw_needles(self, draw: _Draw) -> tuple[list[Needle], list[Needle]]:
+        """The answer's needles (in order) and the distractors'."""
+        answers = [self.needle(value, draw.key) for value in draw.values]
+        return answers, [self.needle(value, key) for key, value in draw.distractors]
+
+    def _answer(self, draw: _Draw) -> str:
+        return ", ".join(draw.values)  # single, multikey: the one value
 
     def _check_cell(self, length: int, depth: float, sample: int) -> None:
-        """The cell's passkey must be locatable and its prompt hold needle, question and one whole sentence."""
-        passkey, first = self._draw(length, depth, sample)
-        self.answer_ids(passkey)
-        parts = (len(self.needle(passkey).ids), len(self._question_ids), len(self._sentence_ids[first]))
+        """The cell's values must be locatable and its prompt hold needles, question and one whole sentence."""
+        draw = self._draw(length, depth, sample)
+        self.answer_ids(self._answer(draw))
+        answers, distractors = self._draw_needles(draw)
+        needles = answers + distractors
+        parts = (
+            sum(len(n.ids) for n in needles),
+            len(self.question_ids(draw.key)),
+            len(self._sentence_ids[draw.first]),
+        )
         if length < sum(parts):
             index = self.context_lengths.index(length)
+            needle = "needle" if len(needles) == 1 else f"{len(needles)} needles"
             raise ValueError(
                 f"context_lengths[{index}]={length} is too short: the prompt at depth {depth}, sample {sample} needs "
-                f"at least {sum(parts)} tokens (needle {parts[0]} + question {parts[1]} + one haystack sentence "
+                f"at least {sum(parts)} tokens ({needle} {parts[0]} + question {parts[1]} + one haystack sentence "
                 f"{parts[2]})"
             )
 
+    def _boundaries(self, bounds: list[int], length: int, depth: float, sample: int, n_distractors: int):
+        """Boundary indices (into ``bounds``) of the answer's needles and of the distractors."""
+        total = bounds[-1]
+
+        def nearest(fraction: float) -> int:
+            return min(range(len(bounds)), key=lambda k: abs(bounds[k] - fraction * total))
+
+        if self.variant == "multivalue":
+            answers = [nearest(depth + j * (1 - depth) / self.n_values) for j in range(self.n_values)]
+        else:
+            answers = [nearest(depth)]
+        if not n_distractors:
+            return answers, []
+        rng = cell_rng("placement", self.seed, length, depth, sample)
+        others = [k for k in range(len(bounds)) if k != answers[0]]  # never empty: the haystack has a sentence
+        if len(others) >= n_distractors:
+            return answers, rng.sample(others, n_distractors)
+        return answers, [rng.choice(others) for _ in range(n_distractors)]
+
     def row(self, length: int, depth: float, sample: int) -> dict[str, Any]:
-        """One prompt: haystack, needle at the sentence boundary nearest ``depth``, question."""
-        passkey, first = self._draw(length, depth, sample)
-        needle = self.needle(passkey)
-        sentences = _fill(self._sentence_ids, first, length - len(needle.ids) - len(self._question_ids))
+        """One prompt: haystack, needles at sentence boundaries (the answer's nearest ``depth``), question."""
+        draw = self._draw(length, depth, sample)
+        answers, distractors = self._draw_needles(draw)
+        question = self.question_ids(draw.key)
+        needles_length = sum(len(n.ids) for n in answers + distractors)
+        sentences = _fill(self._sentence_ids, draw.first, length - needles_length - len(question))
         bounds = [0, *accumulate(len(ids) for ids in sentences)]  # the sentence boundaries, in tokens
-        at = min(range(len(bounds)), key=lambda k: abs(bounds[k] - depth * bounds[-1]))
-        before = [t for ids in sentences[:at] for t in ids]
-        after = [t for ids in sentences[at:] for t in ids]
-        input_ids = before + needle.ids + after + self._question_ids
-        start = bounds[at]
+        at, elsewhere = self._boundaries(bounds, length, depth, sample, len(distractors))
+        # (boundary, order, needle): needles at one boundary follow each other, the answer's first, in order
+        placed = sorted(
+            [(k, i, n) for i, (k, n) in enumerate(zip(at + elsewhere, answers + distractors, strict=True))],
+            key=lambda item: item[:2],
+        )
+        input_ids: list[int] = []
+        starts = [0] * len(placed)
+        waiting = iter(placed)
+        upcoming = next(waiting, None)
+        for k in range(len(bounds)):
+            while upcoming is not None and upcoming[0] == k:
+                starts[upcoming[1]] = len(input_ids)
+                input_ids += upcoming[2].ids
+                upcoming = next(waiting, None)
+            if k < len(sentences):
+                input_ids += sentences[k]
+        input_ids += question
+        value_starts = [starts[j] + needle.answer_start for j, needle in enumerate(answers)]
+        value_ends = [starts[j] + needle.answer_end for j, needle in enumerate(answers)]
+        answer = self._answer(draw)
         return {
             "input_ids": input_ids,
             "attention_mask": [1] * len(input_ids),
-            "answer": passkey,
-            "answer_ids": self.answer_ids(passkey),
-            "needle_start": start,
-            "needle_end": start + len(needle.ids),
-            "answer_start": start + needle.answer_start,
-            "answer_end": start + needle.answer_end,
+            "answer": answer,
+            "answer_ids": self.answer_ids(answer),
+            "needle_start": starts[0],
+            "needle_end": starts[len(answers) - 1] + len(answers[-1].ids),
+            "answer_start": value_starts[0],
+            "answer_end": value_ends[-1],
             "context_length": length,
             "depth": depth,
             "sample": sample,
+            "variant": self.variant,
+            "value_kind": self.value_kind,
+            "key": draw.key,
+            "value_starts": value_starts,
+            "value_ends": value_ends,
         }
 
     def rows(self):
@@ -387,14 +644,17 @@ def _fill(sentence_ids: list[list[int]], first: int, budget: int) -> list[list[i
 
 
 class NeedleInAHaystack(datasets.GeneratorBasedBuilder):
-    """Passkey retrieval prompts over context lengths × depths × samples; one ``test`` split.
+    """Needle retrieval prompts over context lengths × depths × samples; one ``test`` split.
 
     Prompts carry no special tokens (a model that wants a BOS gets it prepended, spans shifted by one).
 
     Features: ``input_ids`` / ``attention_mask`` (exactly ``context_length`` tokens), ``answer`` (the
-    passkey), ``answer_ids`` (the tokens to generate after the prompt), ``needle_start`` /
-    ``needle_end`` and ``answer_start`` / ``answer_end`` (token spans ``[start, end)`` in
-    ``input_ids``), ``context_length``, ``depth`` and ``sample``.
+    passkey or value; multivalue: the values joined by ``", "`` in needle order), ``answer_ids`` (the tokens
+    to generate after the prompt), ``needle_start`` / ``needle_end`` and ``answer_start`` / ``answer_end``
+    (token spans ``[start, end)`` in ``input_ids``: of the answer's needle and value; multivalue: from the
+    first answer needle / value to the end of the last), ``context_length``, ``depth``, ``sample``,
+    ``variant``, ``value_kind``, ``key`` (the key the question names; ``""`` for ``single``) and
+    ``value_starts`` / ``value_ends`` (the token span of each of the answer's values, in needle order).
     """
 
     VERSION = datasets.Version("1.0.0")
@@ -406,7 +666,7 @@ class NeedleInAHaystack(datasets.GeneratorBasedBuilder):
     def _info(self) -> datasets.DatasetInfo:
         index = datasets.Value("int64")
         return datasets.DatasetInfo(
-            description="Needle-in-a-haystack passkey retrieval prompts",
+            description="Needle-in-a-haystack retrieval prompts (passkey and RULER's key-value needles)",
             features=datasets.Features(
                 {
                     "input_ids": datasets.List(datasets.Value("int32")),
@@ -420,6 +680,11 @@ class NeedleInAHaystack(datasets.GeneratorBasedBuilder):
                     "context_length": index,
                     "depth": datasets.Value("float64"),
                     "sample": index,
+                    "variant": datasets.Value("string"),
+                    "value_kind": datasets.Value("string"),
+                    "key": datasets.Value("string"),
+                    "value_starts": datasets.List(index),
+                    "value_ends": datasets.List(index),
                 }
             ),
         )
