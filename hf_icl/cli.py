@@ -605,6 +605,10 @@ def run_niah_command(args) -> int:
     _at_least("--samples", args.samples, 1)
     _at_least("--seed", args.seed, 0)
     _at_least("--preservation-queries", args.preservation_queries, 1)
+    for flag, value, variant in (("--keys", args.keys, "multikey"), ("--values", args.values, "multivalue")):
+        _at_least(flag, value, 2)
+        if value is not None and args.variant != variant:
+            raise CLIError(f"{flag} applies only to --variant {variant}, got --variant {args.variant}")
     if args.haystack not in BUILTIN_HAYSTACKS:
         _existing_file("--haystack", args.haystack)
     _writable("--output-dir", args.output_dir, directory=True)
@@ -618,7 +622,13 @@ def run_niah_command(args) -> int:
         "samples_per_cell": args.samples,
         "haystack": args.haystack,
         "seed": args.seed,
+        "variant": args.variant,
+        "value_kind": args.value_kind,
     }
+    if args.keys is not None:  # given only with their variant (checked above); absent: the config's default
+        grid["n_keys"] = args.keys
+    if args.values is not None:
+        grid["n_values"] = args.values
     NeedleInAHaystackConfig(tokenizer=tokenizer, **grid)  # validates the grid (lengths, depths, ...)
     model = _load_causal_lm(source, gguf, args.dtype, device)
     _set_cab_knobs(model, knobs)
@@ -645,50 +655,60 @@ def run_niah_command(args) -> int:
 
 def run_perplexity_command(args) -> int:
     from .evaluation.niah import _other_cab_fields, niah_methods
-    from .evaluation.perplexity import (
-        BUILTIN_TEXT,
-        builtin_text,
-        long_text_perplexity,
-        perplexity_markdown,
-        text_digest,
-        text_windows,
-    )
+    from .evaluation.perplexity import long_text_perplexity, perplexity_markdown, text_digest, text_windows
 
     methods = niah_methods(args.policies, args.sparsities, args.kept_blocks)  # every check runs before the model loads
     knobs = _cab_knobs(args)
     _check_block_size(args.block_size)
-    _at_least("--length", args.length, 2)
+    if not args.length:
+        raise CLIError("--length must name at least one window length, e.g. 4096 or 4096,8192")
+    for length in args.length:
+        _at_least("--length", length, 2)
+    if len(set(args.length)) < len(args.length):
+        raise CLIError(f"--length must not repeat a length, got {','.join(map(str, args.length))}")
     _at_least("--windows", args.windows, 1)
-    text = builtin_text() if args.text is None else _read_text("--text", args.text)
+    texts = _perplexity_texts(args.text)
     _writable("--output-dir", args.output_dir, directory=True)
     device = _device("--device", args.device)
     source, gguf, config = _causal_lm_source(args)
     tokenizer = _causal_lm_tokenizer(args, source, gguf)
     limit = getattr(config, "max_position_embeddings", None)
-    if isinstance(limit, int) and args.length > limit:
-        raise CLIError(f"--length {args.length} is more than the model's max_position_embeddings={limit}")
-    text_windows(tokenizer, text, args.length, args.windows)  # the text is long enough: checked before weights load
+    for length in args.length:
+        if isinstance(limit, int) and length > limit:
+            raise CLIError(f"--length {length} is more than the model's max_position_embeddings={limit}")
+    for name, text in texts.items():  # every text is long enough for the longest window: checked before weights load
+        try:
+            text_windows(tokenizer, text, max(args.length), args.windows)
+        except ValueError as err:
+            raise CLIError(f"--text {name}: {err}") from None
     model = _load_causal_lm(source, gguf, args.dtype, device)
     _set_cab_knobs(model, knobs)
-    records = long_text_perplexity(
-        model,
-        tokenizer,
-        text,
-        length=args.length,
-        windows=args.windows,
-        methods=methods,
-        block_size=args.block_size,
-        budget=args.budget,
-        progress=not args.no_progress,
-    )
+    records, tables = [], []
+    for name, text in texts.items():
+        for length in args.length:
+            found = long_text_perplexity(
+                model,
+                tokenizer,
+                text,
+                length=length,
+                windows=args.windows,
+                methods=methods,
+                block_size=args.block_size,
+                budget=args.budget,
+                progress=not args.no_progress,
+            )
+            records += [{"text": name, **record} for record in found]
+            tables.append(
+                f"### {name} (sha256 {text_digest(text)[:12]}), windows of {length} tokens\n\n"
+                + perplexity_markdown(found)
+            )
     header = {
         "model": args.model,
         "gguf_file": args.gguf_file,
         "dtype": str(next(model.parameters()).dtype),
         "device": str(next(model.parameters()).device),
-        "text": BUILTIN_TEXT if args.text is None else str(args.text),
-        "text_sha256": text_digest(text),
-        "length": args.length,
+        "texts": [{"name": name, "sha256": text_digest(text), "characters": len(text)} for name, text in texts.items()],
+        "lengths": list(args.length),
         "windows": args.windows,
         "block_size": args.block_size,
         "budget": args.budget,
@@ -697,11 +717,39 @@ def run_perplexity_command(args) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps({"header": header, "records": records}, indent=2) + "\n")
-    table = perplexity_markdown(records)
-    (out / "results.md").write_text(table, encoding="utf-8")
-    print(table)
+    report = "\n".join(tables)
+    (out / "results.md").write_text(report, encoding="utf-8")
+    print(report)
     print(f"results: {out / 'results.json'}, {out / 'results.md'}")
     return 0
+
+
+def _perplexity_texts(spec: str | None) -> dict[str, str]:
+    """``--text``: comma-separated built-in text names and UTF-8 file paths (a built-in name wins over a file of
+    that name; write ``./NAME`` for the file); None: every built-in text. Returns ``{name or path: text}``."""
+    import difflib
+
+    from .evaluation.perplexity import builtin_texts, load_builtin_text
+
+    names = list(builtin_texts()) if spec is None else [item.strip() for item in spec.split(",") if item.strip()]
+    if not names:
+        raise CLIError(f"--text must name at least one built-in text ({', '.join(builtin_texts())}) or file")
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise CLIError(f"--text must not repeat a text, got {repeated[0]!r} twice")
+    texts = {}
+    for name in names:
+        if name in builtin_texts():
+            texts[name] = load_builtin_text(name)
+            continue
+        if not Path(name).expanduser().exists():
+            close = difflib.get_close_matches(name, builtin_texts(), n=2, cutoff=0.6)
+            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            raise CLIError(
+                f"--text {name}: no such file, nor a built-in text{hint}; built-in texts: {', '.join(builtin_texts())}"
+            )
+        texts[name] = _read_text("--text", name)
+    return texts
 
 
 def _read_text(flag: str, path: str) -> str:
@@ -961,6 +1009,21 @@ def _add_niah_parser(commands) -> None:
     )
     niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
     niah.add_argument(
+        "--variant",
+        default="single",
+        choices=("single", "multikey", "multivalue"),
+        help="needles (RULER): one passkey; several keys, one asked for; several values of one key, all asked for",
+    )
+    niah.add_argument(
+        "--value-kind", default="number", choices=("number", "word", "uuid"), help="what the needles' values are"
+    )
+    niah.add_argument(
+        "--keys", type=int, default=None, metavar="N", help="keys (needles) per prompt with --variant multikey (4)"
+    )
+    niah.add_argument(
+        "--values", type=int, default=None, metavar="N", help="values per prompt with --variant multivalue (4)"
+    )
+    niah.add_argument(
         "--preservation-queries",
         type=int,
         default=None,
@@ -975,14 +1038,27 @@ def _add_perplexity_parser(commands) -> None:
     ppl = commands.add_parser(
         "perplexity",
         help=COMMANDS["perplexity"],
-        description="Perplexity of --windows consecutive windows of --length tokens of a text, under dense "
-        "attention and every CAB policy × sparsity. Without --text, the Python Language Reference that ships "
-        "with Python (pydoc_data.topics) is the text.",
+        description="Perplexity of --windows consecutive windows of --length tokens of each text, under dense "
+        "attention and every CAB policy × sparsity, with intervals over the windows. Without --text, every "
+        "built-in text: the Python Language Reference topics (pydoc_data.topics), the standard library's "
+        "docstrings and a fixed set of its source files, all read from the Python install (nothing is "
+        "downloaded); results record each text's SHA-256.",
         formatter_class=_formatter,
     )
     _add_causal_lm_arguments(ppl)
-    ppl.add_argument("--text", default=None, metavar="FILE", help="UTF-8 text file (None: Python's reference topics)")
-    ppl.add_argument("--length", type=int, required=True, help="tokens per window")
+    ppl.add_argument(
+        "--text",
+        default=None,
+        metavar="TEXTS",
+        help="comma-separated built-in text names (python-language-reference, python-stdlib-docstrings, "
+        "python-stdlib-source) and UTF-8 text files (None: every built-in text)",
+    )
+    ppl.add_argument(
+        "--length",
+        type=_csv(int, "integers"),
+        required=True,
+        help="tokens per window, comma-separated for several (e.g. 4096,8192); every text runs at every length",
+    )
     ppl.add_argument("--windows", type=int, default=1, help="consecutive non-overlapping windows")
     _add_cab_arguments(ppl, block_size=64)
     ppl.add_argument("--output-dir", default="outputs/perplexity", help="results.json and results.md")

@@ -187,3 +187,35 @@ def test_oracle_policy_keeps_the_blocks_with_the_most_true_attention_mass():
         assert int(mass.argmax()) == int(kept.nonzero())
     sparse_model = hf_icl.enable_cab(gpt2(), sparsity=0.5, policy="oracle", **SMALL)
     assert torch.isfinite(sparse_model(tokens(1, 64)).logits).all()
+
+
+def test_the_budget_follows_what_is_given():
+    """A sparsity alone is the row budget, a block count alone (or nothing) the top-k budget of 16 blocks; both
+    without a budget are refused; enable_cab switches the budget of a model that had the other one."""
+    default = CABParams()
+    assert (default.budget, default.topk, default.sparsity) == ("topk", 16, 0.9)
+    assert CABParams(sparsity=0.5).budget == "row" and CABParams(topk=4).budget == "topk"
+    assert CABParams(sparsity=0.5, topk=4, budget="topk").budget == "topk"
+    with pytest.raises(ValueError, match="cab_sparsity=0.5 and cab_topk=4 are both given without cab_budget"):
+        CABParams(sparsity=0.5, topk=4)
+    model = hf_icl.enable_cab(gpt2(), **SMALL)
+    assert (model.config.cab_budget, model.config.cab_topk) == ("topk", 16)
+    hf_icl.enable_cab(model, sparsity=0.5)
+    assert (model.config.cab_budget, model.config.cab_sparsity) == ("row", 0.5)
+    hf_icl.enable_cab(model, topk=3)
+    assert (model.config.cab_budget, model.config.cab_topk) == ("topk", 3)
+    with pytest.raises(ValueError, match="without budget"):
+        hf_icl.enable_cab(model, sparsity=0.5, topk=3)
+    # saved and reloaded, the resolved budget stays
+    again = CABParams.from_config(model.config)
+    assert (again.budget, again.topk, again.sparsity) == ("topk", 3, 0.5)
+
+
+def test_a_top_k_budget_covering_every_block_is_dense_and_a_smaller_one_is_not():
+    ids = tokens(1, 96)  # six blocks of 16
+    dense = gpt2()(ids).logits
+    covering = hf_icl.enable_cab(gpt2(), topk=6, **SMALL)(ids).logits
+    torch.testing.assert_close(covering, dense, rtol=0, atol=0)
+    smaller = hf_icl.enable_cab(gpt2(), topk=3, **SMALL)(ids).logits
+    assert not torch.allclose(smaller[:, 48:], dense[:, 48:], atol=1e-4)  # tokens past block 3 drop blocks
+    torch.testing.assert_close(smaller[:, :48], dense[:, :48], rtol=1e-5, atol=1e-5)  # the first 3 blocks see all

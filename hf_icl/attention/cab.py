@@ -403,7 +403,10 @@ def enable_cab(model, **hyperparameters):
 
     Keyword arguments are the ``cab_*`` fields without the prefix (``sparsity``, ``block_size``,
     ``policy``, ``score``, ``lam``, ``budget``, ``topk``, ``sink_blocks``, ``local_blocks``, ``min_seq_len``,
-    ``decode``, ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``. A model
+    ``decode``, ``magnitude_fraction``, ``backend``); they are validated and stored on ``model.config``. Without
+    ``budget``, a ``sparsity`` alone selects the row budget (that fraction of each token's visible blocks dropped)
+    and a ``topk`` alone the top-k budget; with neither, the model keeps its budget (by default top-k, 16 blocks
+    per query token, sink and local window included). A model
     that generates also gets :func:`~.cab_cache.use_cab_cache`: ``generate`` then keeps CAB's key-block summaries
     in its cache, so a decode step no longer re-summarises the whole cache.
     """

@@ -16,6 +16,8 @@
 * :func:`run_niah`, :func:`niah_methods`, :func:`summarize_niah`, :func:`write_niah_report`: needle-in-a-haystack
   passkey retrieval under dense and CAB attention (exact match, answer log-prob, attention preservation),
   resumable, with heatmaps (``hf-icl niah``).
+* :func:`wilson_interval`, :func:`t_interval`, :func:`intervals_separated`: 95% intervals of hit rates and of means
+  over a few values, and whether two intervals are apart.
 * :func:`judge_stories`, :func:`judge_prompt`, :func:`parse_scores`, :func:`aggregate_scores`,
   :func:`local_model_judge`: grading generated stories (grammar, consistency, plot, creativity, 1–10) with a judge
   model, the GD document's GPT-4o evaluation with the grader left open.
@@ -39,6 +41,7 @@ from typing import Any
 from .bootstrap import bootstrap_band, bootstrap_indices
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling, result_from_scores
 from .garg_suite import GARG_EVALUATIONS, GargEvaluation, garg_evaluations, run_garg_suite
+from .intervals import intervals_separated, t_interval, wilson_interval
 from .metrics import PositionMetric, metric_for_task, normalizer_for, predicted_labels
 from .niah import NIAHMethod, greedy_answer, load_niah_results, niah_methods, run_niah
 from .niah_report import summarize_niah, write_niah_report
@@ -87,6 +90,7 @@ __all__ = [
     "evaluation_entry",
     "garg_evaluations",
     "greedy_answer",
+    "intervals_separated",
     "judge_prompt",
     "judge_stories",
     "load_metric",
@@ -108,6 +112,8 @@ __all__ = [
     "run_garg_suite",
     "run_niah",
     "summarize_niah",
+    "t_interval",
+    "wilson_interval",
     "write_curve_csv",
     "write_metrics",
     "write_niah_report",

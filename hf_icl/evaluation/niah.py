@@ -1,11 +1,12 @@
 """Needle-in-a-haystack evaluation of dense and CAB attention: ``hf-icl niah``.
 
-For every method (dense ``"sdpa"`` once, then every CAB policy × sparsity) and every passkey prompt of
-:class:`~hf_icl.data.niah.NeedleInAHaystackConfig`, :func:`run_niah` records
+For every method (dense ``"sdpa"`` once, then every CAB policy × sparsity) and every prompt of
+:class:`~hf_icl.data.niah.NeedleInAHaystackConfig` (passkey, or a RULER-style variant), :func:`run_niah` records
 
 * ``answer_logprob``: the summed log-probability of ``answer_ids`` after the prompt, from one teacher-forced
   forward over prompt + answer;
-* ``exact_match``: greedy generation of ``len(answer_ids)`` tokens, decoded and stripped, equals the passkey.
+* ``exact_match``: greedy generation of ``len(answer_ids)`` tokens, decoded and stripped, equals the answer
+  (the passkey, or a variant's value(s): see :mod:`hf_icl.data.niah`).
   When the teacher-forced argmax already equals the answer at every answer position, greedy generation would
   produce exactly those tokens (attention is causal, so teacher-forced logits are those of step-by-step
   decoding), so the record takes them without running ``generate``; otherwise ``generate`` runs for the text;
@@ -99,6 +100,8 @@ RECORD_FIELDS = (
     "achieved_sparsity",
     "needle_start",
     "needle_end",
+    "variant",
+    "value_kind",
 )
 #: The attention implementation that records queries and keys for the preservation score, then runs CAB.
 PROBE = "cab_probe"
@@ -597,6 +600,8 @@ def _evaluate_row(
         "achieved_sparsity": 0.0 if probe is None else probe.achieved_sparsity(),
         "needle_start": int(row["needle_start"]),
         "needle_end": int(row["needle_end"]),
+        "variant": row["variant"],
+        "value_kind": row["value_kind"],
     }
 
 
@@ -630,7 +635,18 @@ def _read_results(path: Path) -> tuple[dict | None, list[dict]]:
     header = parsed[0].get(_HEADER) if isinstance(parsed[0], dict) else None
     if header is None:
         raise ValueError(f"{path} is not an hf-icl niah results file: its first line has no {_HEADER!r} record")
-    return header, parsed[1:]
+    return header, [_with_prompt_defaults(record) for record in parsed[1:]]
+
+
+#: the prompt settings a results file written before needle variants existed ran with
+_PROMPT_DEFAULTS = {"variant": "single", "value_kind": "number"}
+
+
+def _with_prompt_defaults(record):
+    """A record of a file written before needle variants existed gets their defaults (appended, in order)."""
+    if not isinstance(record, dict) or all(name in record for name in _PROMPT_DEFAULTS):
+        return record
+    return {**record, **{name: value for name, value in _PROMPT_DEFAULTS.items() if name not in record}}
 
 
 def load_niah_results(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -644,6 +660,7 @@ def _check_header(path: Path, found: dict, expected: dict) -> None:
         # a file written before CAB gained a field ran with that field's default
         defaults = _other_cab_fields(None)
         found = {**found, "cab": {**{k: v for k, v in defaults.items() if k not in found["cab"]}, **found["cab"]}}
+    found = {**_PROMPT_DEFAULTS, **found}  # a file written before needle variants existed: single, number
     if found == expected:
         return
     differences = ", ".join(
@@ -699,22 +716,28 @@ def run_niah(
     chat_template: bool = False,
     gguf_file: str | None = None,
     answer_prefix: str | None = None,
+    variant: str = "single",
+    value_kind: str = "number",
+    n_keys: int = 4,
+    n_values: int = 4,
 ) -> list[dict[str, Any]]:
-    """Evaluate ``model`` on passkey retrieval under every method; one record per (method, prompt).
+    """Evaluate ``model`` on needle retrieval under every method; one record per (method, prompt).
 
     Args:
         model: a causal LM whose attention goes through transformers' ``AttentionInterface`` (GPT-2,
             Llama, ...); its attention implementation, ``cab_*`` config fields and train/eval mode are
             restored afterwards.
         tokenizer: the model's (fast) tokenizer, or its name / local path.
-        context_lengths, depths, samples_per_cell, seed, haystack: the prompts, as in
-            :class:`~hf_icl.data.niah.NeedleInAHaystackConfig`.
+        context_lengths, depths, samples_per_cell, seed, haystack, variant, value_kind, n_keys, n_values: the
+            prompts, as in :class:`~hf_icl.data.niah.NeedleInAHaystackConfig` (``variant``: ``"single"`` passkey,
+            RULER's ``"multikey"`` or ``"multivalue"``; ``value_kind``: ``"number"``, ``"word"`` or ``"uuid"``).
         methods: what to evaluate, e.g. :func:`niah_methods`.
         block_size, budget: CAB's block size and budget (one of :data:`hf_icl.attention.cab.BUDGETS`), shared
             by every policy.
         results_file: JSON-lines file; records already there are loaded and not recomputed, new ones are
             appended and flushed one by one. It must have been written with the same model name (and
-            ``gguf_file``), tokenizer, seed, block size, budget, haystack, dtype, ``preservation_queries``,
+            ``gguf_file``), tokenizer, seed, block size, budget, haystack, variant, value kind (and ``n_keys`` /
+            ``n_values`` for their variant), dtype, ``preservation_queries``,
             ``chat_template`` and CAB's other hyperparameters (every other ``cab_*`` field of the model config,
             e.g. ``cab_lambda``, ``cab_sink_blocks``, ``cab_magnitude_fraction``).
         progress: show a tqdm bar over (method, prompt) pairs with the running accuracy.
@@ -748,13 +771,21 @@ def run_niah(
         samples_per_cell=samples_per_cell,
         haystack=haystack,
         seed=seed,
+        variant=variant,
+        value_kind=value_kind,
+        n_keys=n_keys,
+        n_values=n_values,
     )
     rows = list(config.rows())
     if answer_prefix is not None and (not isinstance(answer_prefix, str) or not answer_prefix.strip()):
         raise ValueError(f"answer_prefix must be a non-empty string or None, got {answer_prefix!r}")
     wrap = _prompt_wrap(tokenizer, bool(chat_template), answer_prefix)
-    # the question (and the template's suffix) close every prompt: the queries that must find the needle
-    last_rows = preservation_queries or len(config._question_ids) + len(wrap.suffix)
+
+    def last_rows(row) -> int:
+        # the question (and the template's suffix) close every prompt: the queries that must find the needle
+        # (multikey / multivalue: each question names its own key, so its length varies from row to row)
+        return preservation_queries or len(config.question_ids(row["key"])) + len(wrap.suffix)
+
     longest = max(len(wrap(row["input_ids"])) + len(row["answer_ids"]) for row in rows)
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and longest > limit:
@@ -773,6 +804,8 @@ def run_niah(
         "block_size": block_size,
         "budget": budget,
         "haystack": _haystack_id(haystack),
+        "variant": variant,
+        "value_kind": value_kind,
         "preservation_queries": preservation_queries,
         "chat_template": bool(chat_template),
         "gguf_file": None if gguf_file is None else os.path.basename(str(gguf_file)),
@@ -780,6 +813,10 @@ def run_niah(
     }
     if answer_prefix is not None:  # absent otherwise, so results files written before the option still resume
         header["answer_prefix"] = answer_prefix
+    if variant == "multikey":
+        header["n_keys"] = n_keys
+    if variant == "multivalue":
+        header["n_values"] = n_values
     done: dict[tuple, dict] = {}
     handle = None
     if results_file is not None:
@@ -810,7 +847,7 @@ def run_niah(
                         if not switched:
                             _use_method(model, method, block_size, budget)
                             switched = True
-                        record = _evaluate_row(model, tokenizer, row, method, last_rows, pad_id, wrap)
+                        record = _evaluate_row(model, tokenizer, row, method, last_rows(row), pad_id, wrap)
                         if handle is not None:
                             handle.write(json.dumps(record) + "\n")
                             handle.flush()

@@ -1,7 +1,20 @@
 """Tables and plots of needle-in-a-haystack results (the records :func:`~hf_icl.evaluation.niah.run_niah` returns).
 
-:func:`summarize_niah` aggregates per method; :func:`write_niah_report` writes ``summary.csv``, ``summary.md``,
-a gkamradt-style depth × length heatmap per method and accuracy against sparsity per policy.
+:func:`summarize_niah` aggregates per method, context length and needle setting (variant, value kind), with a 95%
+Wilson interval on every hit rate; :func:`write_niah_report` writes ``summary.csv``, ``summary.md``, a
+gkamradt-style depth × length heatmap per method and accuracy against achieved sparsity per method name.
+
+Two hit rates per row, each with its Wilson score interval (:func:`~hf_icl.evaluation.intervals.wilson_interval`):
+
+* ``accuracy``: exact match over the row's ``n`` prompts (``hits`` of ``n``);
+* ``kept_of_dense``: of the prompts dense attention (``sdpa``) answered (``dense_hits``: same context length,
+  depth, sample, variant and value kind), the share the method also answered (``kept`` of ``dense_hits``). It
+  separates what a sparse method loses from what the model never knew: a method can only lose hits dense has.
+
+Example::
+
+    summary = summarize_niah(load_niah_results("niah/results.jsonl"))
+    summary[summary["context_length"] == 4096][["method", "accuracy", "accuracy_low", "accuracy_high"]]
 """
 
 from __future__ import annotations
@@ -10,24 +23,95 @@ import math
 import os
 from pathlib import Path
 
-from .niah import DENSE, RECORD_FIELDS
+from .intervals import wilson_interval
+from .niah import DENSE
 
-#: the fields every record has had since the first results format (later ones are filled in when absent)
-_REQUIRED_FIELDS = tuple(name for name in RECORD_FIELDS[:13] if name not in ("score", "kept_blocks"))
+#: the fields every record has had since the first results format (the others are filled in when absent)
+_REQUIRED_FIELDS = (
+    "method",
+    "policy",
+    "sparsity",
+    "context_length",
+    "depth",
+    "sample",
+    "answer",
+    "generated",
+    "exact_match",
+    "answer_logprob",
+    "preservation",
+)
+#: fields of later formats, and what an older record stands for
+_DEFAULTS = {"score": None, "kept_blocks": None, "variant": "single", "value_kind": "number"}
+#: what makes a prompt: records of two methods with the same values saw the same prompt
+_PROMPT = ("context_length", "depth", "sample", "variant", "value_kind")
+#: the ``context_length`` of the rows that pool every length of a needle setting
+ALL_LENGTHS = "all"
+#: the columns of :func:`summarize_niah`'s table, in order
+SUMMARY_COLUMNS = (
+    "variant",
+    "value_kind",
+    "context_length",
+    "method",
+    "name",
+    "policy",
+    "score",
+    "sparsity",
+    "kept_blocks",
+    "budget",
+    "n",
+    "hits",
+    "accuracy",
+    "accuracy_low",
+    "accuracy_high",
+    "dense_hits",
+    "kept",
+    "kept_of_dense",
+    "kept_low",
+    "kept_high",
+    "pct_of_dense",
+    "answer_logprob",
+    "preservation",
+    "achieved_sparsity",
+    "best",
+)
 
-__all__ = ["summarize_niah", "write_niah_report"]
+__all__ = ["ALL_LENGTHS", "SUMMARY_COLUMNS", "method_name", "summarize_niah", "write_niah_report"]
 
 
-def summarize_niah(records):
-    """Per method: accuracy, % of dense accuracy, mean answer log-prob, preservation and achieved sparsity.
+def method_name(label: str, policy: str | None = None) -> str:
+    """The method a label names without its budget: ``"cab-quest@16blocks"`` → ``"quest"``, ``"sdpa"`` → ``"sdpa"``
+    (a label of another form: ``policy``, else the label)."""
+    if label == DENSE:
+        return DENSE
+    if label.startswith("cab-") and "@" in label:
+        return label[len("cab-") :].rsplit("@", 1)[0]
+    return policy or label
 
-    ``records``: the list :func:`run_niah` returns (or a ``pandas.DataFrame`` of it). Returns a
-    ``pandas.DataFrame`` with columns ``method, policy, sparsity, n, accuracy, pct_of_dense, answer_logprob,
-    preservation, achieved_sparsity, best``: dense first, then by sparsity and policy; ``best`` marks the best
-    CAB policy at each sparsity (accuracy, then log-prob). ``pct_of_dense`` is NaN without a dense record or
-    when dense accuracy is 0; ``achieved_sparsity`` (the share of causal query-token × key-block pairs CAB
-    dropped, which can differ from the requested ``sparsity``) is NaN for records that lack it.
-    """
+
+def _budget(label: str, sparsity, kept_blocks) -> str:
+    """``"dense"``, ``"16 blocks"`` or the sparsity (``"0.90"``, ``"0.975"``)."""
+    if label == DENSE:
+        return "dense"
+    if not _missing(kept_blocks):
+        return f"{int(kept_blocks)} blocks"
+    if _missing(sparsity):
+        return "–"
+    sparsity = float(sparsity)
+    return f"{sparsity:.2f}" if round(sparsity, 2) == sparsity else f"{sparsity:g}"
+
+
+def _missing(value) -> bool:
+    """None, NaN or pandas' NA."""
+    if value is None:
+        return True
+    try:
+        return bool(value != value)  # NaN and pd.NA (whose comparison is NA, and bool(NA) raises)
+    except TypeError:
+        return True
+
+
+def _frame(records):
+    """The records as a DataFrame, checked, with the later formats' fields filled in."""
     import pandas as pd
 
     frame = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
@@ -36,125 +120,303 @@ def summarize_niah(records):
     missing = [name for name in _REQUIRED_FIELDS if name not in frame.columns]
     if missing:
         raise ValueError(f"records lack the fields {missing}; expected those of RECORD_FIELDS")
-    frame["exact_match"] = frame["exact_match"].astype(float)
+    for name, default in _DEFAULTS.items():
+        if name not in frame.columns:
+            frame[name] = default
+        elif default is not None:
+            frame[name] = frame[name].where(frame[name].notna(), default)
+    frame["exact_match"] = frame["exact_match"].astype(bool)
     if "achieved_sparsity" not in frame.columns:
         frame["achieved_sparsity"] = math.nan
     frame["achieved_sparsity"] = frame["achieved_sparsity"].astype(float)
-    order = {label: i for i, label in enumerate(dict.fromkeys(frame["method"]))}
-    summary = (
-        frame.groupby(["method", "policy", "sparsity"], sort=False)
-        .agg(
-            n=("exact_match", "size"),
-            accuracy=("exact_match", "mean"),
-            answer_logprob=("answer_logprob", "mean"),
-            preservation=("preservation", "mean"),
-            achieved_sparsity=("achieved_sparsity", "mean"),
-        )
-        .reset_index()
+    frame = frame.reset_index(drop=True)
+    dense = frame[frame["method"] == DENSE].groupby(list(_PROMPT), sort=False)["exact_match"].any()
+    keys = list(zip(*(frame[name] for name in _PROMPT), strict=True))
+    answered = {key for key, hit in dense.items() if hit}
+    frame["_dense_hit"] = [key in answered for key in keys]
+    return frame
+
+
+def _row(group, section: dict, confidence: float) -> dict:
+    """One summary row: a method's records in one section (a context length, or all of them)."""
+    first = group.iloc[0]
+    n, hits = len(group), int(group["exact_match"].sum())
+    accuracy_low, accuracy_high = wilson_interval(hits, n, confidence)
+    label = first["method"]
+    answered = group[group["_dense_hit"]]
+    dense_hits, kept = len(answered), int(answered["exact_match"].sum())
+    kept_of_dense = kept_low = kept_high = math.nan
+    if dense_hits and label != DENSE:
+        kept_of_dense = kept / dense_hits
+        kept_low, kept_high = wilson_interval(kept, dense_hits, confidence)
+    kept_blocks = None if _missing(first["kept_blocks"]) else int(first["kept_blocks"])
+    sparsity = math.nan if _missing(first["sparsity"]) else float(first["sparsity"])
+    return {
+        **section,
+        "method": label,
+        "name": method_name(label, first["policy"]),
+        "policy": first["policy"],
+        "score": None if _missing(first["score"]) else first["score"],
+        "sparsity": sparsity,
+        "kept_blocks": kept_blocks,
+        "budget": _budget(label, sparsity, kept_blocks),
+        "n": n,
+        "hits": hits,
+        "accuracy": hits / n,
+        "accuracy_low": accuracy_low,
+        "accuracy_high": accuracy_high,
+        "dense_hits": dense_hits,
+        "kept": kept,
+        "kept_of_dense": kept_of_dense,
+        "kept_low": kept_low,
+        "kept_high": kept_high,
+        "answer_logprob": float(group["answer_logprob"].mean()),
+        "preservation": float(group["preservation"].mean()),
+        "achieved_sparsity": float(group["achieved_sparsity"].mean()),
+    }
+
+
+def summarize_niah(records, *, confidence: float = 0.95):
+    """Per needle setting, context length and method: accuracy and the share of dense's hits kept, with Wilson
+    intervals; % of dense accuracy; mean answer log-prob, preservation and achieved sparsity.
+
+    ``records``: the list :func:`run_niah` returns (or a ``pandas.DataFrame`` of it); records of older files
+    without ``score``, ``kept_blocks``, ``variant``, ``value_kind`` or ``achieved_sparsity`` count as None, None,
+    ``"single"``, ``"number"`` and NaN. ``confidence``: the intervals' level.
+
+    Returns a ``pandas.DataFrame`` with the columns :data:`SUMMARY_COLUMNS`, one row per method in each section:
+    a section is a needle setting (``variant``, ``value_kind``) and a ``context_length``, then, when the setting
+    has several lengths, :data:`ALL_LENGTHS` (``"all"``) pooling them. Sections come in the records' order of
+    settings and by length; in each, dense first, then sparsity budgets from the lowest, then block budgets from
+    the most blocks, each budget's methods in the records' order.
+
+    * ``name``: the method without its budget (``frc``, ``quest``, ...); ``budget``: ``"dense"``, the sparsity
+      (``"0.90"``) or ``"16 blocks"``; ``sparsity`` is NaN and ``kept_blocks`` set under a block budget;
+    * ``n, hits, accuracy, accuracy_low, accuracy_high``: exact match over the prompts, with its interval;
+    * ``dense_hits, kept, kept_of_dense, kept_low, kept_high``: of the ``dense_hits`` prompts dense answered, the
+      ``kept`` the method answered too, their share and its interval (NaN for dense itself and without dense
+      hits);
+    * ``pct_of_dense``: 100 × accuracy / dense's in the section (NaN without dense or when dense's is 0);
+    * ``achieved_sparsity``: the share of causal query-token × key-block pairs CAB dropped (NaN for records
+      without it);
+    * ``best``: the best CAB method at each budget of a section (accuracy, then answer log-prob).
+    """
+    import pandas as pd
+
+    frame = _frame(records)
+    settings = list(dict.fromkeys(zip(frame["variant"], frame["value_kind"], strict=True)))
+    rows = []
+    for variant, value_kind in settings:
+        chosen = frame[(frame["variant"] == variant) & (frame["value_kind"] == value_kind)]
+        lengths = sorted(int(length) for length in dict.fromkeys(chosen["context_length"]))
+        sections = [(length, chosen[chosen["context_length"] == length]) for length in lengths]
+        if len(lengths) > 1:
+            sections.append((ALL_LENGTHS, chosen))
+        for length, part in sections:
+            section = {"variant": variant, "value_kind": value_kind, "context_length": length}
+            section_rows = [_row(group, section, confidence) for _, group in part.groupby("method", sort=False)]
+            rows.extend(_ordered(section_rows, list(dict.fromkeys(frame["method"]))))
+    summary = pd.DataFrame.from_records(rows)
+    summary["kept_blocks"] = summary["kept_blocks"].astype("Int64")
+    summary["context_length"] = summary["context_length"].astype(object)
+    return summary[list(SUMMARY_COLUMNS)]
+
+
+def _ordered(rows: list[dict], methods: list[str]) -> list[dict]:
+    """A section's rows in order, with ``pct_of_dense`` and ``best`` filled in."""
+    by_method = sorted(rows, key=lambda row: methods.index(row["method"]))
+    names = list(dict.fromkeys(row["name"] for row in by_method))
+
+    def key(row):
+        blocks = row["kept_blocks"] is not None
+        budget = -row["kept_blocks"] if blocks else (row["sparsity"] if not math.isnan(row["sparsity"]) else math.inf)
+        return (row["method"] != DENSE, blocks, budget, names.index(row["name"]), methods.index(row["method"]))
+
+    rows = sorted(rows, key=key)
+    dense = next((row["accuracy"] for row in rows if row["method"] == DENSE), math.nan)
+    best: dict[str, dict] = {}
+    for row in rows:
+        row["pct_of_dense"] = 100.0 * row["accuracy"] / dense if dense > 0 else math.nan
+        row["best"] = False
+        if row["method"] != DENSE:
+            held = best.get(row["budget"])
+            if held is None or (row["accuracy"], row["answer_logprob"]) > (held["accuracy"], held["answer_logprob"]):
+                best[row["budget"]] = row
+    for row in best.values():
+        row["best"] = True
+    return rows
+
+
+# -- markdown ----------------------------------------------------------------------------------
+
+
+def _number(value, spec: str) -> str:
+    return "–" if _missing(value) else format(value, spec)
+
+
+def _interval(value, low, high, spec: str = ".3f") -> str:
+    return "–" if _missing(value) else f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def _section_title(row, several_settings: bool) -> str:
+    length = "all lengths" if row.context_length == ALL_LENGTHS else f"context length {row.context_length}"
+    return f"{length}, {row.variant} needle, {row.value_kind} values" if several_settings else length
+
+
+def _summary_markdown(summary, confidence: float = 0.95) -> str:
+    level = f"{100 * confidence:g}%"
+    several = summary[["variant", "value_kind"]].drop_duplicates().shape[0] > 1 or (
+        summary["variant"].iloc[0] != "single" or summary["value_kind"].iloc[0] != "number"
     )
-    dense = summary.loc[summary["method"] == DENSE, "accuracy"]
-    dense_accuracy = float(dense.iloc[0]) if len(dense) else math.nan
-    summary["pct_of_dense"] = (
-        100.0 * summary["accuracy"] / dense_accuracy if dense_accuracy and dense_accuracy > 0 else math.nan
-    )
-    policy_order = {p: i for i, p in enumerate(dict.fromkeys(summary["policy"]))}
-    summary["_cab"] = summary["method"] != DENSE
-    summary["_policy"] = summary["policy"].map(policy_order)
-    summary["_first"] = summary["method"].map(order)
-    summary = summary.sort_values(["_cab", "sparsity", "_policy", "_first"], kind="stable").reset_index(drop=True)
-    summary["best"] = False
-    cab = summary[summary["method"] != DENSE]
-    for _, group in cab.groupby("sparsity", sort=False):
-        best = group.sort_values(["accuracy", "answer_logprob"], ascending=False, kind="stable").index[0]
-        summary.loc[best, "best"] = True
-    columns = ["method", "policy", "sparsity", "n", "accuracy", "pct_of_dense", "answer_logprob", "preservation"]
-    columns.append("achieved_sparsity")
-    return summary[[*columns, "best"]]
-
-
-def _summary_markdown(summary) -> str:
-    def number(value: float, spec: str) -> str:
-        return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else format(value, spec)
-
-    lines = [
-        "| method | policy | sparsity | n | accuracy | % of dense | answer log-prob | preservation "
-        "| achieved sparsity |",
-        "|:---|:---|---:|---:|---:|---:|---:|---:|---:|",
+    header = [
+        f"| method | policy | budget | n | accuracy [{level}] | kept of dense's hits [{level}] | % of dense "
+        "| answer log-prob | preservation | achieved sparsity |",
+        "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    lines: list[str] = []
+    current = None
     for row in summary.itertuples(index=False):
+        section = (row.variant, row.value_kind, row.context_length)
+        if section != current:
+            lines += ([""] if lines else []) + [f"### {_section_title(row, several)}", "", *header]
+            current = section
         method = f"**{row.method}** ★" if row.best else row.method
+        policy = row.policy if _missing(row.score) else f"{row.policy} ({row.score} score)"
+        accuracy = _interval(row.accuracy, row.accuracy_low, row.accuracy_high)
+        kept = "–"
+        if not _missing(row.kept_of_dense):
+            kept = f"{row.kept}/{row.dense_hits} [{row.kept_low:.3f}, {row.kept_high:.3f}]"
         lines.append(
-            f"| {method} | {row.policy} | {row.sparsity:.2f} | {row.n} | {row.accuracy:.3f} | "
-            f"{number(row.pct_of_dense, '.1f')} | {row.answer_logprob:.3f} | {row.preservation:.3f} | "
-            f"{number(row.achieved_sparsity, '.3f')} |"
+            f"| {method} | {policy} | {row.budget} | {row.n} | {accuracy} | {kept} | "
+            f"{_number(row.pct_of_dense, '.1f')} | {row.answer_logprob:.3f} | {row.preservation:.3f} | "
+            f"{_number(row.achieved_sparsity, '.3f')} |"
         )
     note = (
-        "★ best CAB policy at its sparsity (accuracy, then answer log-prob). Achieved sparsity: the share of causal "
-        "(query token, key block) pairs CAB dropped, over every layer and head."
+        f"Intervals: {level} Wilson score intervals. Kept of dense's hits: of the prompts dense attention (sdpa) "
+        "answered, how many the method answered too. Budget: the fraction of each token's causal key blocks "
+        "dropped, or the key blocks each token keeps. ★ best CAB method at its budget (accuracy, then answer "
+        "log-prob). Achieved sparsity: the share of causal (query token, key block) pairs CAB dropped, over every "
+        "layer and head."
     )
     return "\n".join(lines) + "\n\n" + note + "\n"
+
+
+# -- figures -----------------------------------------------------------------------------------
 
 
 def _heatmap(frame, label: str, path: Path) -> Path:
     from matplotlib.colors import LinearSegmentedColormap
 
-    from .plotting import new_axes, save_figure
+    from .plotting import new_panels, save_figure
 
-    grid = frame.pivot_table(index="depth", columns="context_length", values="exact_match", aggfunc="mean")
-    grid = grid.sort_index().sort_index(axis=1)
-    fig, ax = new_axes(f"Needle in a haystack: {label}", size=(1.6 + 0.9 * grid.shape[1], 1.4 + 0.5 * grid.shape[0]))
-    ax.grid(False)
+    settings = list(dict.fromkeys(zip(frame["variant"], frame["value_kind"], strict=True)))
+    grids = []
+    for variant, value_kind in settings:
+        part = frame[(frame["variant"] == variant) & (frame["value_kind"] == value_kind)]
+        grid = part.pivot_table(index="depth", columns="context_length", values="exact_match", aggfunc="mean")
+        grids.append(grid.sort_index().sort_index(axis=1))
+    width = max(grid.shape[1] for grid in grids)
+    height = max(grid.shape[0] for grid in grids)
+    fig, axes = new_panels(len(grids), size=(max(4.2, 1.6 + 0.9 * width) * len(grids), 1.8 + 0.5 * height))
     cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])  # gkamradt's colours
-    image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
-    for i in range(grid.shape[0]):
-        for j in range(grid.shape[1]):
-            value = grid.iat[i, j]
-            if not math.isnan(value):
-                ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
-    ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
-    ax.set_yticks(range(grid.shape[0]), [f"{100 * d:g}%" for d in grid.index])
-    ax.set_xlabel("context length (tokens)")
-    ax.set_ylabel("needle depth")
-    fig.colorbar(image, ax=ax, label="accuracy")
+    for ax, grid, (variant, value_kind) in zip(axes, grids, settings, strict=True):
+        title = f"Needle in a haystack\n{label}"
+        ax.set_title(title if len(grids) == 1 else f"{title}: {variant} needle, {value_kind} values")
+        ax.grid(False)
+        image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+        for i in range(grid.shape[0]):
+            for j in range(grid.shape[1]):
+                value = grid.iat[i, j]
+                if not math.isnan(value):
+                    ax.text(j, i, f"{value:.2f}", ha="center", va="center", fontsize=8)
+        ax.set_xticks(range(grid.shape[1]), [str(c) for c in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [f"{100 * d:g}%" for d in grid.index])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel("needle depth")
+    fig.colorbar(image, ax=list(axes), label="exact-match accuracy")
     return save_figure(fig, path)
 
 
-def _accuracy_plot(summary, path: Path) -> Path:
-    from .plotting import new_axes, save_figure
+def _x(row) -> float:
+    """Where a row sits on the sparsity axis: its achieved sparsity, else its requested sparsity (else NaN)."""
+    return row["achieved_sparsity"] if not math.isnan(row["achieved_sparsity"]) else row["sparsity"]
 
-    fig, ax = new_axes("Passkey accuracy against CAB sparsity")
-    for policy, group in summary[summary["method"] != DENSE].groupby("policy", sort=False):
-        group = group.sort_values("sparsity")
-        ax.plot(group["sparsity"].tolist(), group["accuracy"].tolist(), marker="o", label=policy)
-    dense = summary[summary["method"] == DENSE]
-    if len(dense):
-        ax.axhline(float(dense["accuracy"].iloc[0]), color="0.3", linestyle="--", label="dense (sdpa)")
-    ax.set_xlabel("sparsity (fraction of causal blocks dropped)")
-    ax.set_ylabel("exact-match accuracy")
-    ax.set_ylim(-0.03, 1.03)
-    ax.legend()
+
+def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
+    from .plotting import new_panels, save_figure
+
+    per_length = summary[summary["context_length"] != ALL_LENGTHS]
+    settings = list(dict.fromkeys(zip(per_length["variant"], per_length["value_kind"], strict=True)))
+    columns = max(per_length.groupby(["variant", "value_kind"])["context_length"].nunique())
+    fig, axes = new_panels(columns, size=(6.0 * columns, 0.6 + 4.4 * len(settings)), rows=len(settings), sharey=True)
+    level = f"{100 * confidence:g}%"
+    fig.suptitle(
+        f"Retrieval exact match against achieved CAB sparsity\n(error bars and dense band: {level} Wilson intervals)"
+    )
+    names = list(dict.fromkeys(per_length.loc[per_length["method"] != DENSE, "name"]))
+    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    used = 0
+    for r, (variant, value_kind) in enumerate(settings):
+        setting = per_length[(per_length["variant"] == variant) & (per_length["value_kind"] == value_kind)]
+        for c, length in enumerate(dict.fromkeys(setting["context_length"])):
+            ax = axes[r * columns + c]
+            used += 1
+            part = setting[setting["context_length"] == length]
+            for name in names:
+                points = part[(part["name"] == name) & (part["method"] != DENSE)].copy()
+                points["_x"] = [_x(row) for _, row in points.iterrows()]
+                points = points[points["_x"].notna()].sort_values("_x")
+                if points.empty:
+                    continue
+                below = (points["accuracy"] - points["accuracy_low"]).tolist()
+                above = (points["accuracy_high"] - points["accuracy"]).tolist()
+                ax.errorbar(
+                    points["_x"].tolist(),
+                    points["accuracy"].tolist(),
+                    yerr=[below, above],
+                    marker="o",
+                    capsize=3,
+                    color=colours[name],
+                    label=name,
+                )
+            dense = part[part["method"] == DENSE]
+            if len(dense):
+                row = dense.iloc[0]
+                ax.axhspan(row["accuracy_low"], row["accuracy_high"], color="0.3", alpha=0.12, linewidth=0)
+                ax.axhline(row["accuracy"], color="0.3", linestyle="--", label=f"dense (sdpa), {level} band")
+            title = f"context length {length} tokens"
+            many = len(settings) > 1 or (variant, value_kind) != ("single", "number")
+            ax.set_title(f"{title}\n{variant} needle, {value_kind} values" if many else title)
+            ax.set_xlabel("achieved sparsity (share of causal token × key-block pairs dropped)")
+            ax.set_ylabel("exact-match accuracy")
+            ax.set_ylim(-0.03, 1.03)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    for ax in axes:
+        if not ax.has_data():
+            ax.set_visible(False)
     return save_figure(fig, path)
 
 
-def write_niah_report(records, out_dir: str | os.PathLike) -> dict[str, Path]:
-    """Write ``summary.csv``, ``summary.md``, ``heatmap_<label>.png`` per method and ``accuracy_vs_sparsity.png``.
+def write_niah_report(records, out_dir: str | os.PathLike, *, confidence: float = 0.95) -> dict[str, Path]:
+    """Write ``summary.csv`` and ``summary.md`` (:func:`summarize_niah`), ``heatmap_<label>.png`` per method and
+    ``accuracy_vs_sparsity.png`` (accuracy against achieved sparsity, one line per method name with Wilson error
+    bars, dense as a dashed line with its band, one panel per context length).
 
     Returns ``{file name: path}``.
     """
-    import pandas as pd
-
-    frame = records.copy() if isinstance(records, pd.DataFrame) else pd.DataFrame.from_records(list(records))
-    summary = summarize_niah(frame)
+    frame = _frame(records)
+    summary = summarize_niah(frame, confidence=confidence)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     written = {}
     summary.to_csv(out / "summary.csv", index=False)
     written["summary.csv"] = out / "summary.csv"
-    (out / "summary.md").write_text(_summary_markdown(summary), encoding="utf-8")
+    (out / "summary.md").write_text(_summary_markdown(summary, confidence), encoding="utf-8")
     written["summary.md"] = out / "summary.md"
     frame["exact_match"] = frame["exact_match"].astype(float)
-    for label in summary["method"]:
+    for label in dict.fromkeys(summary["method"]):
         name = f"heatmap_{label}.png"
         written[name] = _heatmap(frame[frame["method"] == label], label, out / name)
-    written["accuracy_vs_sparsity.png"] = _accuracy_plot(summary, out / "accuracy_vs_sparsity.png")
+    written["accuracy_vs_sparsity.png"] = _accuracy_plot(summary, out / "accuracy_vs_sparsity.png", confidence)
     return written

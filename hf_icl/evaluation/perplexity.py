@@ -7,26 +7,53 @@ each CAB policy × sparsity, switched exactly as :func:`~hf_icl.evaluation.niah.
 window's first token is context only; the other ``length - 1`` are scored, so a record's ``nll`` is the mean
 negative log-likelihood over ``windows × (length - 1)`` tokens and ``perplexity = exp(nll)``.
 
-The text. Nothing may be downloaded, so the built-in text (:func:`builtin_text`) is one every Python carries:
-the Python Language Reference and library topics that ``pydoc`` shows for ``help("assert")`` and the like
-(``pydoc_data.topics``: about 460k characters of English technical prose with code examples, generated from
-the official documentation). Topics are joined in sorted order, so the text is fixed for a given Python
-version; results record its SHA-256 so runs on other texts (or other Pythons) are not compared unawares. The
-needle-in-a-haystack filler is no substitute: it cycles 30 short sentences, which a model copies from the
+With ``windows > 1`` each record also carries the per-window NLLs (``window_nll``) and 95% intervals over
+windows: for the perplexity, ``exp(mean ± t · se)`` of the window NLLs (Student's t with ``windows - 1`` degrees of
+freedom); for the ratio to dense, the same over the *paired* per-window differences from dense's NLL (the ratio is
+``exp(mean difference)``), which removes what the windows share (how hard each window's text is). Windows are
+consecutive stretches of one text, so they are not independent draws of text: read the intervals as the spread
+over this text's windows, not over all texts.
+
+The texts. Nothing may be downloaded, so the built-in texts (:func:`builtin_texts`, :func:`load_builtin_text`)
+are made from files every CPython install carries, read in a fixed order, so a text is fixed for a given Python
+version (results record each text's SHA-256 so runs on different texts, or other Pythons, are not compared
+unawares). Each is several hundred thousand characters, over 100k tokens under a GPT-2-like BPE:
+
+* ``python-language-reference``: the Python Language Reference and library topics that ``pydoc`` shows for
+  ``help("assert")`` and the like (``pydoc_data.topics``, generated from the official documentation): English
+  technical prose with code examples, topics joined in sorted order;
+* ``python-stdlib-docstrings``: the docstrings (module, class and function, in source order) of every public
+  pure-Python standard-library module, read with :mod:`ast` from the files under
+  ``sysconfig.get_paths()["stdlib"]`` in sorted path order, without importing them: English API prose with
+  doctest examples. The packages that Linux distributions split off (``test``, ``idlelib``, ``tkinter``,
+  ``turtle``, ``turtledemo``, ``lib2to3``, ``ensurepip``, ``distutils``), private modules (``_name``), generated
+  ones and the modules of ``python-stdlib-source`` are left out, and the text stops after the docstring that
+  brings it to 600,000 characters (from ``abc`` to about ``numbers``);
+* ``python-stdlib-source``: Python code, the source files of a fixed list of standard-library modules
+  (:data:`STDLIB_SOURCE_MODULES`, e.g. ``argparse``, ``ast``, ``dataclasses``), each after a ``# Lib/<path>``
+  line, concatenated in that order.
+
+The needle-in-a-haystack filler is no substitute: it cycles 30 short sentences, which a model copies from the
 previous cycle instead of modelling language. Pass any other text (``--text FILE``) to measure on your own.
 
 Example::
 
-    records = long_text_perplexity(model, tokenizer, builtin_text(), length=4096, windows=2,
+    text = load_builtin_text("python-stdlib-source")
+    records = long_text_perplexity(model, tokenizer, text, length=4096, windows=4,
                                    methods=niah_methods(["streaming", "hybrid"], [0.5, 0.9]))
     print(perplexity_markdown(records))
 """
 
 from __future__ import annotations
 
+import ast
+import difflib
+import functools
 import hashlib
 import math
-from collections.abc import Sequence
+import sysconfig
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,12 +61,62 @@ import torch.nn.functional as F
 
 from ..attention.cab import CABParams
 from ..validation import check_int
-from .niah import NIAHMethod, _check_methods, _model_device, _probing, _restoring, _SparsityCounter, _use_method
+from .intervals import _check_confidence, t_interval
+from .niah import DENSE, NIAHMethod, _check_methods, _model_device, _probing, _restoring, _SparsityCounter, _use_method
 
-__all__ = ["BUILTIN_TEXT", "builtin_text", "long_text_perplexity", "perplexity_markdown", "text_digest", "text_windows"]
+__all__ = [
+    "BUILTIN_TEXT",
+    "STDLIB_SOURCE_MODULES",
+    "builtin_text",
+    "builtin_texts",
+    "load_builtin_text",
+    "long_text_perplexity",
+    "perplexity_markdown",
+    "text_digest",
+    "text_windows",
+]
 
-#: The name of the built-in text in results (``--text`` unset).
+#: The name of the default built-in text, :func:`builtin_text` (the Python Language Reference topics).
 BUILTIN_TEXT = "python-language-reference"
+#: The standard-library modules whose source files make up ``python-stdlib-source``, in order: pure-Python
+#: modules present in every CPython from 3.10 on (a module that became a package is read from its ``__init__.py``).
+STDLIB_SOURCE_MODULES = (
+    "argparse",
+    "ast",
+    "contextlib",
+    "dataclasses",
+    "enum",
+    "fractions",
+    "functools",
+    "heapq",
+    "json.decoder",
+    "json.encoder",
+    "pprint",
+    "shutil",
+    "string",
+    "textwrap",
+    "tokenize",
+)
+#: Top-level standard-library entries left out of ``python-stdlib-docstrings``: packages that Linux distributions
+#: ship apart from the standard library (or that hold test data), the pydoc topics (the first text) and site dirs.
+_DOCSTRING_SKIP = frozenset(
+    {
+        "test",
+        "idlelib",
+        "tkinter",
+        "turtle.py",
+        "turtledemo",
+        "lib2to3",
+        "ensurepip",
+        "distutils",
+        "pydoc_data",
+        "site-packages",
+        "dist-packages",
+        "lib-dynload",
+    }
+)
+#: ``python-stdlib-docstrings`` stops after the first docstring that brings it to this many characters.
+_DOCSTRING_CHARACTERS = 600_000
 #: Rows of logits turned into log-probabilities at once (bounds the float32 copy of a long window's logits).
 _CHUNK = 1024
 
@@ -49,6 +126,100 @@ def builtin_text() -> str:
     from pydoc_data.topics import topics
 
     return "\n\n".join(topics[name].strip() for name in sorted(topics))
+
+
+def _stdlib() -> Path:
+    """The standard library's directory (the base interpreter's, also inside a virtual environment)."""
+    return Path(sysconfig.get_paths()["stdlib"])
+
+
+def _module_file(root: Path, module: str) -> Path | None:
+    """``root/a/b.py`` or ``root/a/b/__init__.py`` for the module ``a.b``; None when neither is there."""
+    base = root.joinpath(*module.split("."))
+    for candidate in (base.with_name(base.name + ".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _stdlib_source() -> str:
+    """``python-stdlib-source``: each module of :data:`STDLIB_SOURCE_MODULES` after a ``# Lib/<path>`` line."""
+    root = _stdlib()
+    parts = []
+    for module in STDLIB_SOURCE_MODULES:
+        path = _module_file(root, module)
+        if path is not None:
+            source = path.read_text(encoding="utf-8").strip("\n")
+            parts.append(f"# Lib/{path.relative_to(root).as_posix()}\n{source}\n")
+    if not parts:
+        raise ValueError(f"no standard-library source found under {root}; pass a text file instead")
+    return "\n\n".join(parts)
+
+
+def _docstrings(tree: ast.AST) -> list[str]:
+    """The docstrings of a module and of its classes and functions, in source order (cleaned like ``help``)."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=True)
+            if doc:
+                found.append(doc.strip())
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def _stdlib_docstrings() -> str:
+    """``python-stdlib-docstrings``: the docstrings of the public pure-Python standard library, file by file."""
+    root = _stdlib()
+    skip_files = {_module_file(root, module) for module in STDLIB_SOURCE_MODULES}
+    parts, size = [], 0
+    for path in sorted(root.rglob("*.py"), key=lambda p: p.relative_to(root).as_posix()):
+        if size >= _DOCSTRING_CHARACTERS:
+            break
+        relative = path.relative_to(root).parts
+        if relative[0] in _DOCSTRING_SKIP or relative[0].startswith("config-") or path in skip_files:
+            continue
+        if any(part.startswith("_") and part != "__init__.py" for part in relative) or "tests" in relative:
+            continue  # private modules (and __pycache__, _sysconfigdata), test packages
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        for doc in _docstrings(tree):
+            if size < _DOCSTRING_CHARACTERS:
+                parts.append(doc)
+                size += len(doc)
+    if not parts:
+        raise ValueError(f"no standard-library docstrings found under {root}; pass a text file instead")
+    return "\n\n".join(parts)
+
+
+#: built-in text name → the function that builds it
+_BUILDERS: dict[str, Callable[[], str]] = {
+    BUILTIN_TEXT: builtin_text,
+    "python-stdlib-docstrings": _stdlib_docstrings,
+    "python-stdlib-source": _stdlib_source,
+}
+
+
+def builtin_texts() -> tuple[str, ...]:
+    """The names of the built-in texts (:func:`load_builtin_text`), the default :data:`BUILTIN_TEXT` first."""
+    return tuple(_BUILDERS)
+
+
+@functools.cache
+def load_builtin_text(name: str) -> str:
+    """The built-in text ``name`` (one of :func:`builtin_texts`), built from files Python ships; nothing is
+    downloaded. An unknown name raises ``ValueError`` with the closest names."""
+    if name not in _BUILDERS:
+        close = difflib.get_close_matches(str(name), list(_BUILDERS), n=2, cutoff=0.6)
+        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        raise ValueError(f"unknown built-in text {name!r}{hint}; built-in texts: {', '.join(_BUILDERS)}")
+    return _BUILDERS[name]()
 
 
 def text_digest(text: str) -> str:
@@ -94,6 +265,7 @@ def long_text_perplexity(
     block_size: int = 64,
     budget: str = "row",
     progress: bool = True,
+    confidence: float = 0.95,
 ) -> list[dict[str, Any]]:
     """Perplexity of ``model`` on ``windows`` windows of ``length`` tokens of ``text``, for every method.
 
@@ -101,18 +273,24 @@ def long_text_perplexity(
         model: a causal LM whose attention goes through transformers' ``AttentionInterface``; its attention
             implementation, ``cab_*`` config fields and train/eval mode are restored afterwards.
         tokenizer: its tokenizer (the text is tokenised without special tokens).
-        text: the text, e.g. :func:`builtin_text` or a file's contents; it must hold ``length × windows`` tokens.
+        text: the text, e.g. :func:`load_builtin_text` or a file's contents; it must hold ``length × windows``
+            tokens.
         length: tokens per window (at most the model's ``max_position_embeddings``).
         methods: e.g. :func:`~hf_icl.evaluation.niah.niah_methods` (dense first gives every record its ratio).
         windows: consecutive non-overlapping windows from the start of the text.
         block_size, budget: CAB's block size and budget, shared by every policy; CAB's other hyperparameters
             are the model config's ``cab_*`` fields (``cab_min_seq_len`` is set to 0: every window is sparse).
+        confidence: the level of the intervals over windows.
 
-    Returns one record per method, in order: ``method, policy, sparsity, length, windows, tokens`` (the scored
-    tokens, ``windows × (length - 1)``), ``nll`` (mean per scored token), ``perplexity`` (``exp(nll)``),
-    ``ratio_to_dense`` (perplexity over the dense method's; None without a dense method) and
-    ``achieved_sparsity`` (share of causal query-token × key-block pairs CAB dropped, over every window, layer
-    and head; 0 for dense).
+    Returns one record per method, in order: the method's fields (``method, policy, score, sparsity,
+    kept_blocks``, see :meth:`~hf_icl.evaluation.niah.NIAHMethod.record_fields`), ``length, windows, tokens``
+    (the scored tokens, ``windows × (length - 1)``), ``nll`` (mean per scored token), ``perplexity``
+    (``exp(nll)``), ``perplexity_low, perplexity_high`` (``exp`` of the t interval of the mean window NLL),
+    ``ratio_to_dense`` (perplexity over the dense method's, ``exp`` of the mean paired window difference),
+    ``ratio_low, ratio_high`` (``exp`` of the t interval of those differences), ``achieved_sparsity`` (share of
+    causal query-token × key-block pairs CAB dropped, over every window, layer and head; 0 for dense) and
+    ``window_nll`` (each window's mean NLL per scored token). The ratio and its interval are None without a
+    dense method; the intervals are None for one window.
     """
     from tqdm.auto import tqdm
 
@@ -120,6 +298,7 @@ def long_text_perplexity(
     check_int("windows", windows, low=1)
     methods = _check_methods(methods)
     CABParams(block_size=block_size, budget=budget)  # validates both, naming them
+    _check_confidence(confidence)
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and length > limit:
         raise ValueError(f"length={length} is more than the model's max_position_embeddings={limit}")
@@ -133,24 +312,36 @@ def long_text_perplexity(
             for method in methods:
                 _use_method(model, method, block_size, budget)
                 counter = None if method.is_dense else _SparsityCounter()
-                nll = 0.0
+                sums = []
                 for ids in chunks:
                     with _probing(counter):
-                        nll += _window_nll(model, ids)
+                        sums.append(_window_nll(model, ids))
                     bar.update(1)
-                records.append(_record(method, length, windows, nll, counter))
+                records.append(_record(method, length, sums, counter, confidence))
                 bar.set_postfix(method=method.label, ppl=f"{records[-1]['perplexity']:.3f}", refresh=False)
     finally:
         bar.close()
-    dense = next((r["perplexity"] for r in records if r["method"] == "sdpa"), None)
+    dense = next((r for r in records if r["method"] == DENSE), None)
     for record in records:
-        record["ratio_to_dense"] = None if dense is None else record["perplexity"] / dense
+        if dense is not None:
+            record["ratio_to_dense"] = record["perplexity"] / dense["perplexity"]
+            differences = [a - b for a, b in zip(record["window_nll"], dense["window_nll"], strict=True)]
+            record["ratio_low"], record["ratio_high"] = _exp_interval(differences, confidence)
     return records
 
 
-def _record(method: NIAHMethod, length: int, windows: int, nll_sum: float, counter) -> dict[str, Any]:
+def _exp_interval(values: list[float], confidence: float) -> tuple[float | None, float | None]:
+    """``exp`` of the t interval of the mean of ``values``; ``(None, None)`` for one value."""
+    interval = t_interval(values, confidence)
+    return (None, None) if interval is None else (math.exp(interval[0]), math.exp(interval[1]))
+
+
+def _record(method: NIAHMethod, length: int, sums: list[float], counter, confidence: float) -> dict[str, Any]:
+    windows = len(sums)
     tokens = windows * (length - 1)
-    nll = nll_sum / tokens
+    nll = math.fsum(sums) / tokens
+    window_nll = [total / (length - 1) for total in sums]
+    low, high = _exp_interval(window_nll, confidence)
     return {
         **method.record_fields(),
         "length": length,
@@ -158,26 +349,46 @@ def _record(method: NIAHMethod, length: int, windows: int, nll_sum: float, count
         "tokens": tokens,
         "nll": nll,
         "perplexity": math.exp(nll),
+        "perplexity_low": low,
+        "perplexity_high": high,
         "ratio_to_dense": None,
+        "ratio_low": None,
+        "ratio_high": None,
         "achieved_sparsity": 0.0 if counter is None else counter.achieved_sparsity(),
+        "window_nll": window_nll,
     }
 
 
-def perplexity_markdown(records: Sequence[dict[str, Any]]) -> str:
-    """A markdown table: method, sparsity (requested and achieved), perplexity, ratio to dense."""
+def _bracket(value: float | None, low: float | None, high: float | None, spec: str) -> str:
+    """``value [low, high]``, ``value`` without an interval, ``–`` without a value."""
+    if value is None:
+        return "–"
+    if low is None or high is None:
+        return format(value, spec)
+    return f"{value:{spec}} [{low:{spec}}, {high:{spec}}]"
+
+
+def perplexity_markdown(records: Sequence[dict[str, Any]], confidence: float = 0.95) -> str:
+    """A markdown table: method, budget (sparsity or key blocks), achieved sparsity, perplexity and ratio to dense,
+    each with its interval over windows when there is one (``confidence``: the level the records were made at, for
+    the note)."""
     lines = [
-        "| method | budget | achieved sparsity | perplexity | ratio to dense |",
+        "| method | budget | achieved sparsity | perplexity [low, high] | ratio to dense [low, high] |",
         "|:---|---:|---:|---:|---:|",
     ]
     for r in records:
-        ratio = "–" if r["ratio_to_dense"] is None else f"{r['ratio_to_dense']:.4f}"
+        ppl = _bracket(r["perplexity"], r.get("perplexity_low"), r.get("perplexity_high"), ".4f")
+        ratio = _bracket(r["ratio_to_dense"], r.get("ratio_low"), r.get("ratio_high"), ".4f")
         budget = f"{r['kept_blocks']} blocks" if r.get("kept_blocks") is not None else f"{r['sparsity']:.2f}"
-        lines.append(
-            f"| {r['method']} | {budget} | {r['achieved_sparsity']:.3f} | {r['perplexity']:.4f} | {ratio} |"
-        )
+        lines.append(f"| {r['method']} | {budget} | {r['achieved_sparsity']:.3f} | {ppl} | {ratio} |")
     first = records[0] if records else {"windows": 0, "length": 0, "tokens": 0}
     note = (
         f"{first['windows']} window(s) of {first['length']} tokens, {first['tokens']} scored tokens per method; "
         "ratio to dense = perplexity / dense perplexity."
     )
+    if first["windows"] > 1:
+        note += (
+            f" Intervals: {100 * confidence:g}% Student-t over the {first['windows']} windows of the mean window "
+            "NLL (perplexity) and of its paired difference from dense (ratio), exponentiated."
+        )
     return "\n".join(lines) + "\n\n" + note + "\n"
