@@ -15,7 +15,18 @@ from ..kernels._common import BACKENDS
 from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
 from ..validation import check_choice, check_float, check_int
 
-__all__ = ["BUDGETS", "CABParams", "DEFAULT_BUDGET", "DEFAULT_SPARSITY", "DEFAULT_TOPK", "DECODE_MODES", "NAME", "POLICIES", "cab_params_of", "config_field"]
+__all__ = [
+    "BUDGETS",
+    "CABParams",
+    "DEFAULT_BUDGET",
+    "DEFAULT_SPARSITY",
+    "DEFAULT_TOPK",
+    "DECODE_MODES",
+    "NAME",
+    "POLICIES",
+    "cab_params_of",
+    "config_field",
+]
 
 NAME = "cab"
 #: "oracle" ranks blocks by their true attention mass (dense O(N²) scores: an evaluation upper bound, not a speed-up)
