@@ -65,13 +65,15 @@ VALUE = "{value}"
 KIND = "{kind}"
 #: RULER's needle for the key-value variants (multikey, multivalue)
 KEY_VALUE_NEEDLE = "One of the special magic {kind}s for {key} is: {value}."
+# the questions end with the needle's colon: greedy exact match then starts at the value (RULER's own questions end
+# in "is" and score by substring, which a model answering ": 60191" passes; exact match would not)
 MULTIKEY_QUESTION = (
     " What is the special magic {kind} for {key} mentioned in the provided text?"
-    " The special magic {kind} for {key} mentioned in the provided text is"
+    " The special magic {kind} for {key} mentioned in the provided text is:"
 )
 MULTIVALUE_QUESTION = (
     " What are all the special magic {kind}s for {key} mentioned in the provided text?"
-    " The special magic {kind}s for {key} mentioned in the provided text are"
+    " The special magic {kind}s for {key} mentioned in the provided text are:"
 )
 #: needle variants: one passkey, several keys (one asked for), several values of one key (all asked for)
 VARIANTS = ("single", "multikey", "multivalue")
