@@ -305,7 +305,7 @@ class _SparsityCounter:
         self.kept = self.total = 0
         self.calls = 0
 
-    def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+    def observe(self, module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> None:
         self._select(module, query, key, scaling)
 
     def _select(self, module, query, key, scaling) -> tuple[CABParams, float, torch.Tensor | None]:
@@ -351,7 +351,7 @@ class _PreservationProbe(_SparsityCounter):
         self.prompt_length = prompt_length
         self.scores: list[float] = []
 
-    def observe(self, module, query: torch.Tensor, key: torch.Tensor, scaling: float | None) -> None:
+    def observe(self, module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> None:
         params, scaling, token_keep = self._select(module, query, key, scaling)
         if token_keep is None:
             self.scores.append(1.0)
@@ -374,33 +374,37 @@ class _PreservationProbe(_SparsityCounter):
         return sum(self.scores) / len(self.scores)
 
 
-_ACTIVE_PROBE: _SparsityCounter | None = None
+_ACTIVE_PROBE = None
 
 
 @contextmanager
-def _probing(probe: _SparsityCounter | None):
+def probing(observer):
+    """While active, every CAB prefill call (``Nq == Nk > 1``) of a model switched by :func:`use_probe` first calls
+    ``observer.observe(module, query, key, attention_mask, scaling)`` (e.g. to count or score its selection)."""
     global _ACTIVE_PROBE
-    previous, _ACTIVE_PROBE = _ACTIVE_PROBE, probe
+    previous, _ACTIVE_PROBE = _ACTIVE_PROBE, observer
     try:
-        yield probe
+        yield observer
     finally:
         _ACTIVE_PROBE = previous
 
 
 def probe_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """CAB attention that first lets the active probe score its prefill calls (``Nq == Nk > 1``)."""
+    """CAB attention that first lets the active observer (:func:`probing`) see its prefill calls."""
     probe = _ACTIVE_PROBE
     if probe is not None and 1 < query.shape[2] == key.shape[2]:
-        probe.observe(module, query, key, scaling)
+        probe.observe(module, query, key, attention_mask, scaling)
     return cab_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-def _register_probe() -> None:
+def use_probe(model) -> None:
+    """Run ``model``'s attention through :func:`probe_attention_forward` (CAB as its config says, observed)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     AttentionInterface.register(PROBE, probe_attention_forward)
     AttentionMaskInterface.register(PROBE, sdpa_mask)  # the mask CAB gets, as in register_cab
+    model.set_attn_implementation(PROBE)
 
 
 # -- the model's state -----------------------------------------------------------------------------
@@ -449,8 +453,7 @@ def _use_method(model, method: NIAHMethod, block_size: int, budget: str) -> None
             **own,
         },
     )
-    _register_probe()
-    model.set_attn_implementation(PROBE)  # CAB itself, with the probe listening
+    use_probe(model)  # CAB itself, with the probe listening
 
 
 def _model_device(model) -> torch.device:
@@ -581,7 +584,7 @@ def _evaluate_row(
         if method.is_dense
         else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows, len(prompt))
     )
-    with _probing(probe):  # the teacher-forced forward is the CAB forward the probe scores
+    with probing(probe):  # the teacher-forced forward is the CAB forward the probe scores
         logits = _answer_logits(model, prompt, answer_ids)
     if _greedy_is_answer(logits, answer_ids):
         generated = _decoded(tokenizer, answer_ids)

@@ -62,7 +62,7 @@ import torch.nn.functional as F
 from ..attention.cab import CABParams
 from ..validation import check_int
 from .intervals import _check_confidence, t_interval
-from .niah import DENSE, NIAHMethod, _check_methods, _model_device, _probing, _restoring, _SparsityCounter, _use_method
+from .niah import DENSE, NIAHMethod, _check_methods, _model_device, _restoring, _SparsityCounter, _use_method, probing
 
 __all__ = [
     "BUILTIN_TEXT",
@@ -314,7 +314,7 @@ def long_text_perplexity(
                 counter = None if method.is_dense else _SparsityCounter()
                 sums = []
                 for ids in chunks:
-                    with _probing(counter):
+                    with probing(counter):
                         sums.append(_window_nll(model, ids))
                     bar.update(1)
                 records.append(_record(method, length, sums, counter, confidence))

@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -62,7 +61,6 @@ from ..attention.cab import NAME as CAB
 from ..attention.cab import (
     POLICIES,
     SCORES,
-    cab_attention_forward,
     cab_params_of,
     enable_cab,
     runs_dense,
@@ -72,7 +70,7 @@ from ..data.tasks import TaskFamily, make_task
 from ..estimators import get_estimator
 from ..validation import check_choice, check_float, check_int
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
-from .niah import SCORED_METHODS, _restoring
+from .niah import PROBE, SCORED_METHODS, _restoring, probing, use_probe
 from .plotting import BASELINE_STYLES, band_label, draw_band_curve, new_panels, save_figure
 from .predictors import Predictor, check_predictors, model_device, output_tensor
 
@@ -97,8 +95,6 @@ LEAST_SQUARES = "least_squares"
 METHOD_NAMES = (*POLICIES, *SCORED_METHODS)
 #: policies that rank blocks by the block score (``score``); the others ignore it
 _SCORED_POLICIES = ("magnitude", "frc", "frc_low", "hybrid")
-#: the attention implementation that counts the kept (query token, key) pairs, then runs CAB
-PROBE = "cab_pair_probe"
 
 
 # -- methods -----------------------------------------------------------------------------------------------------
@@ -314,34 +310,6 @@ class _PairCounter:
         return 1.0 - self.kept / self.causal
 
 
-_ACTIVE_COUNTER: _PairCounter | None = None
-
-
-@contextmanager
-def _counting(counter: _PairCounter):
-    global _ACTIVE_COUNTER
-    previous, _ACTIVE_COUNTER = _ACTIVE_COUNTER, counter
-    try:
-        yield counter
-    finally:
-        _ACTIVE_COUNTER = previous
-
-
-def _probe_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kw):
-    """CAB attention that first lets the active :class:`_PairCounter` count its selection."""
-    if _ACTIVE_COUNTER is not None:
-        _ACTIVE_COUNTER.observe(module, query, key, attention_mask, scaling)
-    return cab_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kw)
-
-
-def _register_probe() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(PROBE, _probe_attention_forward)
-    AttentionMaskInterface.register(PROBE, sdpa_mask)  # the mask CAB gets (register_cab)
-
-
 # -- the model under one method, as a predictor ------------------------------------------------------------------
 
 
@@ -374,9 +342,8 @@ class _ModelUnder:
                 enable_cab(model, **self.cab)
                 if self.achieved_sparsity is None:
                     counter = _PairCounter()
-                    _register_probe()
-                    model.set_attn_implementation(PROBE)
-                    with _counting(counter):
+                    use_probe(model)
+                    with probing(counter):
                         model(xs[: self.n_count], ys[: self.n_count])
                     model.set_attn_implementation(CAB)
                     self.achieved_sparsity, self.n_tokens = counter.sparsity, counter.n_keys
