@@ -7,7 +7,7 @@ import pytest
 
 from hf_icl.cli import main
 from hf_icl.reproduce import experiments, reproduce
-from hf_icl.reproduce.runs import VERDICTS, Claim, comparable, improves
+from hf_icl.reproduce.runs import VERDICTS, Claim, Report, comparable, improves
 from hf_icl.reproduce.sgpt import EXPERIMENTS, Scale
 
 TOY = Scale(
@@ -112,11 +112,33 @@ def test_linear_fit_on_the_scalar_estimate_is_least_squares(per_position):
 
 
 def test_a_model_that_learned_nothing_makes_its_claim_untestable():
-    from hf_icl.reproduce.runs import learned, verdict
+    from hf_icl.reproduce.runs import Subject, judge, learned
 
     assert learned([1.0, 0.85], trivial=1.0) and not learned([0.95, 1.02], trivial=1.0)
-    assert verdict(True, testable=False) == "not testable at this size" == verdict(False, testable=False)
-    assert verdict(True) == "holds" and verdict(False) == "does not hold"
+    nothing = Subject("SGPT", error=0.95, trivial=1.0)  # above 0.9 × the trivial error
+    something = Subject("GPT-2", error=0.85, trivial=1.0)
+    for holds in (True, False, None):  # whatever the direction
+        verdict, reason = judge(holds, [something, nothing])
+        assert verdict == "not testable at this size" and reason.startswith("SGPT learned nothing (0.95")
+    assert judge(True, [something]) == ("holds", "") and judge(False, [something]) == ("does not hold", "")
+    assert judge(None) == ("not testable at this size", "")
+    # a baseline must beat the trivial predictor itself (not 0.9 × it); a NaN error is never testable
+    assert judge(True, [Subject("XGBoost", 0.99, 1.0, kind="baseline")])[0] == "holds"
+    assert judge(True, [Subject("XGBoost", 1.2, 1.0, kind="baseline")])[0] == "not testable at this size"
+    assert judge(True, [Subject("GPT-2", float("nan"), 1.0)])[0] == "not testable at this size"
+
+
+def test_report_appends_the_reason_to_the_measurement(tmp_path):
+    from hf_icl.reproduce.runs import Subject
+
+    report = Report("p", "e", "t", "tiny", "cmd", tmp_path)
+    claim = report.claim("SGPT beats XGBoost", "yes", "0.86 vs 1.3", True, [Subject("XGBoost", 1.3, 1.0, "baseline")])
+    assert claim.verdict == "not testable at this size"
+    assert claim.measured == "0.86 vs 1.3 — XGBoost is worse than the trivial predictor (1.3 vs 1)"
+    with pytest.raises(ValueError, match="kind must be"):
+        Subject("x", 1.0, 1.0, kind="estimator")
+    with pytest.raises(ValueError, match="holds must be True, False or None"):
+        report.claim("c", "d", "m", "holds")
 
 
 def test_mlp_steps_apply_to_the_mlp_runs_only(tmp_path, capsys):

@@ -62,7 +62,7 @@ from ..modeling.gd_transformer import (
 from ..validation import check_choice, check_float, check_int
 from .gd_icl_stories import TITLE as stories_title
 from .gd_icl_stories import stories
-from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
+from .runs import Experiment, Report, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble, build_seeded, stacked_optimizer_step
 
 PAPER = "gd-icl"
@@ -822,7 +822,7 @@ def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances, a
         "interval of its best)",
         "converges with L < 5000 (RBF and softmax)",
         "; ".join(parts),
-        verdict(ok, testable=small and bool(parts)),
+        ok if small and bool(parts) else None,
     )
     # 2 and 4: trained needs L > threshold to match GD
     for blocks, threshold, kernels in ((1, 10000, ("rbf", "softmax")), (2, 25000, ("softmax",))):
@@ -837,7 +837,7 @@ def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances, a
             "converges with L < 5000, outperforming 1 layer",
             f"{first:.3f} at L = {counts[0]} vs best {best:.3f}; 2 vs 1 block at L = {counts[-1]}: {_mean(two):.3f} vs "
             f"{_mean(one):.3f}, better in {wins}/{len(two)} seeds",
-            verdict(converged and wins == len(two), testable=small),
+            (converged and wins == len(two)) if small else None,
         )
     # 5. 2 -> 6 blocks improve GD
     parts, ok, tested = [], True, False
@@ -859,7 +859,7 @@ def _synthetic_claims(ctx: Context, specs, metrics, distances, init_distances, a
         f"GD: 6 blocks improve on 2 blocks in accuracy and NLL (at L = {counts[-1]}, in every seed)",
         "2 → 6 blocks consistently improve top-1 accuracy and NLL",
         "; ".join(parts),
-        verdict(ok, testable=tested),
+        ok if tested else None,
     )
     _alignment_claim(ctx, by, metrics, distances, init_distances, agreement)
 
@@ -889,7 +889,7 @@ def _needs_more_tasks_claim(ctx: Context, by, metrics, blocks: int, threshold: i
         "steps)",
         f"requires L > {threshold} to match GD",
         "; ".join(parts),
-        verdict(late, testable=testable_grid and (early or late)),
+        late if testable_grid and (early or late) else None,
     )
 
 
@@ -917,7 +917,7 @@ def _alignment_claim(ctx: Context, by, metrics, distances, init_distances, agree
         "GD's gain over chance)",
         "trained parameters highly align with the GD stationary point",
         "; ".join(parts),
-        verdict(ok, testable=learned_all),
+        ok if learned_all else None,
     )
 
 
@@ -1010,7 +1010,7 @@ def _feature_claims(ctx: Context, specs, accuracy) -> None:
             "GD (1 block) is slightly below linear probing (below it by at most 0.05 accuracy)",
             "slightly lower than linear probing",
             f"{one:.3f} vs {probe:.3f}",
-            verdict(0 < probe - one <= 0.05),
+            bool(0 < probe - one <= 0.05),
         )
     deeper = [b for b in (2, 3) if b in by_blocks]
     if deeper:
@@ -1019,7 +1019,7 @@ def _feature_claims(ctx: Context, specs, accuracy) -> None:
             "GD (2-3 blocks) almost equals linear probing (within 0.02 accuracy, or above it)",
             "almost identical to linear probing, without fine-tuning",
             "; ".join(f"{b} blocks {mean(by_blocks[b]):.3f}" for b in deeper) + f" vs {probe:.3f}",
-            verdict(all(g >= -0.02 for g in gaps.values())),
+            bool(all(g >= -0.02 for g in gaps.values())),
         )
 
 

@@ -50,7 +50,7 @@ from ..evaluation.story_judge import CRITERIA, aggregate_scores, judge_stories
 from ..modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM, attention_parameter_counts
 from ..training.checkpoints import quiet_progress
 from ..validation import check_int
-from .runs import Report, log, verdict
+from .runs import Report, Subject, log
 
 TITLE = "language generation: Softmax GD, Softmax GD + FF and a one-layer transformer on stories"
 #: model name -> its label in the report
@@ -62,8 +62,6 @@ DOCUMENT_RATIO_PERCENT = 0.13
 COMPETES_CLOSELY, ALMOST_EQUAL = 1.25, 1.1
 #: greedy distinct-n "well below" the validation text's: below this share of it
 WELL_BELOW = 0.8
-#: the claims on perplexity need a transformer that learned: perplexity below this share of the vocabulary size
-LEARNED = 0.5
 #: the n of the distinct-n that judges repetition (the within-story repetition rate, reported beside it, counts 3-grams)
 REPETITION_N = 2
 #: judged with a judge: GD "competes closely" within this many points of the transformer's mean score, "almost equal"
@@ -482,12 +480,12 @@ def document_size_counts() -> dict[str, int]:
     }
 
 
-def parameter_claims(counts: dict[str, int]) -> list[tuple[str, str, str, str]]:
+def parameter_claims(counts: dict[str, int]) -> list[tuple]:
     """The "0.13 %" claim under both readings of the transformer's count (``counts`` from
     :func:`document_size_counts`); ~0.13 % means it rounds to 0.13 %.
 
     >>> [row[3] for row in parameter_claims({"gd": 8192, "full_width_heads": 6291456, "gpt2_layer": 787968})]
-    ['holds', 'does not hold']
+    [True, False]
     """
     rows = []
     document = f"8K attention parameters vs 6M: about {DOCUMENT_RATIO_PERCENT} %"
@@ -503,58 +501,58 @@ def parameter_claims(counts: dict[str, int]) -> list[tuple[str, str, str, str]]:
                 f"{claim} ({reading})",
                 document,
                 f"{measured} at d' = {DOCUMENT_WIDTH}, {DOCUMENT_HEADS} heads",
-                verdict(round(percent, 2) == DOCUMENT_RATIO_PERCENT),
+                bool(round(percent, 2) == DOCUMENT_RATIO_PERCENT),
             )
         )
     return rows
 
 
-def perplexity_claims(perplexity: dict[str, float], vocab_size: int) -> list[tuple[str, str, str, str]]:
+def perplexity_claims(perplexity: dict[str, float], vocab_size: int) -> list[tuple]:
     """GD competes closely (within :data:`COMPETES_CLOSELY` × the transformer's validation perplexity), GD + FF almost
-    equals it (within :data:`ALMOST_EQUAL` ×), and FF helps GD (lower perplexity). Not testable unless the
-    transformer learned something: perplexity below :data:`LEARNED` × the uniform guess's (``vocab_size``), since
-    untrained models "compete closely" with each other at any tolerance.
+    equals it (within :data:`ALMOST_EQUAL` ×), and FF helps GD (lower perplexity). Each row is
+    ``(claim, document, measured, holds, subjects)`` for :meth:`Report.claim`: the subject is the transformer, whose
+    validation NLL (log perplexity) must have learned against the uniform guess's ``log(vocab_size)`` (the package's
+    testability rule), since untrained models "compete closely" with each other at any tolerance.
 
     >>> rows = perplexity_claims({"softmax_gd": 12.0, "softmax_gd_ff": 11.5, "transformer": 10.0}, vocab_size=1000)
     >>> [row[3] for row in rows]
-    ['holds', 'does not hold', 'holds']
+    [True, False, True]
     """
     gd, gd_ff, transformer = (perplexity[name] for name in MODELS)
-    testable = transformer < LEARNED * vocab_size
-    rows = [
+    subjects = (Subject("the transformer (validation NLL)", math.log(transformer), math.log(vocab_size)),)
+    return [
         (
             f"Softmax GD competes closely with the transformer (validation perplexity within {COMPETES_CLOSELY}×)",
             "competes closely (GPT-4o scores)",
             f"perplexity {gd:.3f} vs {transformer:.3f}: {gd / transformer:.3f}×",
-            verdict(gd <= COMPETES_CLOSELY * transformer),
+            bool(gd <= COMPETES_CLOSELY * transformer),
+            subjects,
         ),
         (
             f"Softmax GD + FF almost equals the transformer (validation perplexity within {ALMOST_EQUAL}×)",
             "almost equal (GPT-4o scores)",
             f"perplexity {gd_ff:.3f} vs {transformer:.3f}: {gd_ff / transformer:.3f}×",
-            verdict(gd_ff <= ALMOST_EQUAL * transformer),
+            bool(gd_ff <= ALMOST_EQUAL * transformer),
+            subjects,
         ),
         (
             "the feed-forward layer helps GD (lower validation perplexity)",
             "adding FF leads to a dramatic performance leap",
             f"perplexity {gd_ff:.3f} with FF vs {gd:.3f} without ({gd_ff / gd:.3f}×)",
-            verdict(gd_ff < gd),
+            bool(gd_ff < gd),
+            subjects,
         ),
     ]
-    if testable:
-        return rows
-    note = f"; the transformer did not learn (perplexity ≥ {LEARNED} × the vocabulary's {vocab_size})"
-    return [(claim, document, measured + note, verdict(False, testable=False)) for claim, document, measured, _ in rows]
 
 
-def repetition_claim(greedy: dict[str, dict[str, float]], reference: dict[str, float]) -> tuple[str, str, str, str]:
+def repetition_claim(greedy: dict[str, dict[str, float]], reference: dict[str, float]) -> tuple:
     """Repetition is the typical failure mode: every model's greedy distinct-:data:`REPETITION_N` is below
     :data:`WELL_BELOW` × the validation text's (same prompts, same number of words). ``greedy`` and ``reference``
     are :func:`repetition_metrics`; the within-story rates are reported beside, not judged.
 
     >>> greedy = {name: {"distinct_2": 0.2, "repetition_3": 0.1} for name in MODELS}
     >>> repetition_claim(greedy, {"distinct_2": 0.5, "repetition_3": 0.0})[3]
-    'holds'
+    True
     """
     key = f"distinct_{REPETITION_N}"
     ratios = {name: greedy[name][key] / reference[key] for name in MODELS}
@@ -568,17 +566,17 @@ def repetition_claim(greedy: dict[str, dict[str, float]], reference: dict[str, f
         "text's)",
         "typical failure mode of both models: repetitive generation",
         f"validation text {reference[key]:.3f}; {measured}",
-        verdict(testable and all(ratio < WELL_BELOW for ratio in ratios.values()), testable=testable),
+        (testable and all(ratio < WELL_BELOW for ratio in ratios.values())) if testable else None,
     )
 
 
-def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple[str, str, str, str]]:
+def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple]:
     """The GPT-4o grading claims: "not testable at this size" without a judge; with one, GD's mean score (over the
     four criteria) within :data:`SCORE_CLOSE` points of the transformer's, GD + FF's within
     :data:`SCORE_ALMOST_EQUAL`, judged only when at least half of each model's stories got four parsed scores.
 
-    >>> [row[3] for row in judge_claims(None, "no judge")]
-    ['not testable at this size', 'not testable at this size']
+    >>> [row[3] for row in judge_claims(None, "no judge")]  # holds: None, i.e. not testable
+    [None, None]
     """
     rows = []
     for name, label, tolerance, document in (
@@ -591,7 +589,7 @@ def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple[
                 "no judge given: the document grades with GPT-4o, which needs its API (nothing here calls it); pass "
                 "judge= (a prompt -> reply callable) to grade the sampled stories"
             )
-            rows.append((claim, document, measured, verdict(False, testable=False)))
+            rows.append((claim, document, measured, None))
             continue
         mean = {model: mean_score(scores[model]) for model in (name, "transformer")}
         parsed = all(2 * scores[model]["n_parsed"] >= max(1, scores[model]["n_stories"]) for model in mean)
@@ -601,7 +599,7 @@ def judge_claims(scores: dict[str, dict] | None, judge_name: str) -> list[tuple[
             f"{scores['transformer']['n_parsed']}/{scores['transformer']['n_stories']}; tolerance {tolerance} points"
         )
         ok = parsed and mean[name] >= mean["transformer"] - tolerance
-        rows.append((claim, document, measured, verdict(ok, testable=parsed)))
+        rows.append((claim, document, measured, ok if parsed else None))
     return rows
 
 

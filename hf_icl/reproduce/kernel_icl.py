@@ -31,7 +31,7 @@ from safetensors.torch import load_file, save_file
 from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
 from ..training.checkpoints import quiet_progress
-from .runs import Experiment, Report, log, seed_interval, usable_cores, verdict
+from .runs import Experiment, Report, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble
 
 PAPER = "kernel-icl"
@@ -333,7 +333,7 @@ def _ranking_claim(ctx: Context) -> None:
         "Table 1 orders the methods as the document does (Spearman ρ ≥ 0.8 between the two rankings)",
         " > ".join(TABLE1[n][0] for n in document_order),
         f"{' > '.join(TABLE1[n][0] for n in our_order)} (ρ = {rho:.2f})",
-        verdict(rho >= 0.8),
+        bool(rho >= 0.8),
     )
 
 
@@ -434,7 +434,7 @@ def insights(ctx: Context) -> None:
         "max |primal − dual| ≈ 0",
         f"largest gap of the two Table-1 MSEs over seeds {gap:.1e} (the predictions agree to float64 rounding; "
         "tests/test_predict_queries.py checks them pointwise)",
-        verdict(gap < 1e-10),
+        bool(gap < 1e-10),
     )
     report.claim(
         "2. Kernel regression = ICL: a softmax attention head over the context is Nadaraya–Watson with the "
@@ -442,7 +442,7 @@ def insights(ctx: Context) -> None:
         "structural identity",
         "an identity of the formulas: `NadarayaWatson('softmax')` is the document's `attention_icl` "
         "(tests/test_predict_queries.py compares them on its data)",
-        verdict(True),
+        True,
     )
     cosine_beats_krr = int((t1["cosine"] < t1["kernel_ridge"]).sum())
     close_to_head = float(t1["cosine"].mean() / t1["pretrained"].mean())
@@ -450,7 +450,7 @@ def insights(ctx: Context) -> None:
         "3. The kernel matters: in 1-D cosine ICL matches the learned kernel (within 1.5×) and beats KRR",
         "cosine 0.0038, pre-trained 0.0039, KRR 0.0042",
         f"cosine below KRR in {cosine_beats_krr}/{seeds} seeds; cosine / pre-trained = {close_to_head:.2f}",
-        verdict(cosine_beats_krr == seeds and 1 / 1.5 <= close_to_head <= 1.5),
+        bool(cosine_beats_krr == seeds and 1 / 1.5 <= close_to_head <= 1.5),
     )
     head_wins = int((t1["pretrained"] < t1["raw_attention"]).sum())
     report.claim(
@@ -458,7 +458,7 @@ def insights(ctx: Context) -> None:
         "0.0039 vs 0.0806",
         f"in {head_wins}/{seeds} seeds ({_pm(*seed_interval(t1['pretrained']))} vs "
         f"{_pm(*seed_interval(t1['raw_attention']))})",
-        verdict(head_wins == seeds),
+        bool(head_wins == seeds),
     )
     means = {k: v.mean(1) for k, v in ctx.table2.items()}
     softmax_row = means["row_softmax"]
@@ -467,7 +467,7 @@ def insights(ctx: Context) -> None:
         "5. In 10-D the geometric row kernels (cosine, Cayley, GA) beat softmax, row-only",
         "0.0864 / 0.0861 / 0.0862 vs 0.0997",
         ", ".join(f"{k} beats softmax in {n}/{seeds} seeds" for k, n in wins.items()),
-        verdict(all(n == seeds for n in wins.values())),
+        bool(all(n == seeds for n in wins.values())),
     )
     gains = {k: (means[f"row_{k}"] - means[f"col_{k}"]) / means[f"row_{k}"] for k in ROW_KERNELS}
     helped = {k: int((g > 0).sum()) for k, g in gains.items()}
@@ -477,7 +477,7 @@ def insights(ctx: Context) -> None:
         "; ".join(
             f"{k} {100 * float(g.mean()):+.1f} % (better in {helped[k]}/{seeds} seeds)" for k, g in gains.items()
         ),
-        verdict(all(n == seeds for n in helped.values())),
+        bool(all(n == seeds for n in helped.values())),
     )
     best = min(means, key=lambda k: float(means[k].mean()))
     beats_krr = all(bool((means[f"col_{k}"] < means["krr"]).all()) for k in ("cosine", "cayley"))
@@ -487,7 +487,7 @@ def insights(ctx: Context) -> None:
         "Col+Cosine 0.0718, Col+Cayley 0.0718, KRR 0.1165",
         f"lowest mean: {best} ({float(means[best].mean()):.4f}); Col+Cosine and Col+Cayley below KRR in every seed: "
         f"{beats_krr}",
-        verdict(best in ("col_cosine", "col_cayley") and beats_krr),
+        bool(best in ("col_cosine", "col_cayley") and beats_krr),
     )
 
 

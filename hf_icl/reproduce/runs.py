@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -102,14 +102,73 @@ class Claim:
             raise ValueError(f"verdict must be one of {VERDICTS}, got {self.verdict!r}")
 
 
-def verdict(ok: bool, testable: bool = True) -> str:
-    """ "holds" / "does not hold", or "not testable at this size" when the measurement cannot decide."""
-    if not testable:
-        return VERDICTS[2]
-    return VERDICTS[0] if ok else VERDICTS[1]
+#: a model learned something when its error went below this fraction of the trivial predictor's
+LEARNED_FACTOR = 0.9
 
 
-def learned(errors: list[float], trivial: float, factor: float = 0.9) -> bool:
+@dataclass(frozen=True)
+class Subject:
+    """A model or baseline a claim is about, with its error and the trivial predictor's on the same prompts.
+
+    Errors are lower-is-better (squared error, NLL, 1 − accuracy); ``trivial`` is what the predictor that ignores
+    the context gets (zero / the mean label, the uniform distribution, the majority class). A ``"model"`` is
+    testable when it learned something: its error went below :data:`LEARNED_FACTOR` × trivial. A ``"baseline"``
+    is testable when it beats the trivial predictor at all (a claim of beating a baseline worse than predicting
+    zero says nothing).
+
+    >>> Subject("SGPT", error=0.95, trivial=1.0).testable  # not below 0.9 × trivial
+    False
+    >>> Subject("XGBoost", error=1.3, trivial=1.0, kind="baseline").reason
+    'XGBoost is worse than the trivial predictor (1.3 vs 1)'
+    """
+
+    name: str
+    error: float
+    trivial: float
+    kind: str = "model"
+
+    def __post_init__(self):
+        if self.kind not in ("model", "baseline"):
+            raise ValueError(f"kind must be 'model' or 'baseline', got {self.kind!r}")
+        for name in ("error", "trivial"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool):
+                raise ValueError(f"{name} must be a number, got {value!r} ({type(value).__name__})")
+        if not self.trivial > 0:
+            raise ValueError(f"trivial must be a positive error, got {self.trivial!r}")
+
+    @property
+    def testable(self) -> bool:
+        if not math.isfinite(self.error):
+            return False
+        bound = LEARNED_FACTOR * self.trivial if self.kind == "model" else self.trivial
+        return self.error < bound
+
+    @property
+    def reason(self) -> str:
+        """Why a claim about it cannot be judged ("" when it can)."""
+        if self.testable:
+            return ""
+        if self.kind == "model":
+            return f"{self.name} learned nothing ({self.error:.3g} vs the trivial predictor's {self.trivial:.3g})"
+        return f"{self.name} is worse than the trivial predictor ({self.error:.3g} vs {self.trivial:.3g})"
+
+
+def judge(holds: bool | None, subjects: Sequence[Subject] = ()) -> tuple[str, str]:
+    """The testability rule, applied before any verdict: ``(verdict, reason)``.
+
+    "not testable at this size" when ``holds`` is None (the measurement cannot decide) or any subject is not
+    testable (:class:`Subject`), whatever the direction of the comparison; else "holds" / "does not hold".
+    """
+    reasons = [subject.reason for subject in subjects if not subject.testable]
+    if holds is None or reasons:
+        return VERDICTS[2], "; ".join(reasons)
+    if not isinstance(holds, bool):
+        raise ValueError(f"holds must be True, False or None, got {holds!r} ({type(holds).__name__})")
+    return (VERDICTS[0] if holds else VERDICTS[1]), ""
+
+
+def learned(errors: list[float], trivial: float, factor: float = LEARNED_FACTOR) -> bool:
     """True when a model beat ``factor`` times the zero predictor's error somewhere: a model that never did
     learned nothing at this budget, and whether it scales cannot be told from its curves."""
     return min(errors) < factor * trivial
@@ -164,9 +223,24 @@ class Report:
     def add_plot(self, path: Path, caption: str) -> None:
         self.add(f"![{caption}]({path.name})\n\n*{caption}*")
 
-    def claim(self, claim: str, document: str, measured: str, verdict_: str) -> None:
+    def claim(
+        self, claim: str, document: str, measured: str, holds: bool | None, subjects: Sequence[Subject] = ()
+    ) -> Claim:
+        """Judge a claim by the testability rule (:func:`judge`) and record it.
+
+        Args:
+            claim, document, measured: the claim, what the document reports, what we measured.
+            holds: whether our measurement agrees with the claim; None when it cannot decide.
+            subjects: every model and baseline the claim is about, with its error and the trivial predictor's;
+                one that learned nothing (or a baseline worse than trivial) makes the claim "not testable at this
+                size", and the reason is appended to ``measured``.
+        """
+        verdict_, reason = judge(holds, subjects)
+        if reason:
+            measured = f"{measured} — {reason}"
         self.claims.append(Claim(claim, document, measured, verdict_))
         log(f"claim: {claim} — {verdict_} ({measured})")
+        return self.claims[-1]
 
     def write(self) -> Path:
         minutes = (time.perf_counter() - self.started) / 60

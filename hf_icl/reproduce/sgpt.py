@@ -29,7 +29,7 @@ from ..evaluation.tables import markdown_grid
 from ..modeling.sgpt.feature_maps import feature_map as apply_feature_map
 from ..modeling.sgpt.feature_maps import prompt_matrix
 from .plots import plot_sweep
-from .runs import Experiment, Report, comparable, improves, learned, log, model_fields, train_or_reuse, verdict
+from .runs import Experiment, Report, comparable, improves, learned, log, model_fields, train_or_reuse
 
 PAPER = "sgpt"
 
@@ -234,16 +234,15 @@ def fig1(ctx: Context) -> None:
         "both GPT-2 and the vectorised MLP task-scale",
         "Fig. 1A: both errors fall as T grows",
         "; ".join(f"{label}: {fmt(v)}" for label, v in task_scaling.items()) + untrained,
-        verdict(all(improves(v) for v in task_scaling.values()), testable=mlp_learned),
+        (all(improves(v) for v in task_scaling.values())) if mlp_learned else None,
     )
     ctx.report.claim(
         "only GPT-2 context-scales; the vectorised MLP does not",
         "Fig. 1B: GPT-2's error falls with N, the MLP's stays flat or rises",
         "; ".join(f"{label}: {fmt(context_scaling[label])}" for label in models) + untrained,
-        verdict(
-            improves(context_scaling["GPT-2"]) and not improves(context_scaling["MLP (vectorised)"]),
-            testable=mlp_learned,
-        ),
+        (improves(context_scaling["GPT-2"]) and not improves(context_scaling["MLP (vectorised)"]))
+        if mlp_learned
+        else None,
     )
 
 
@@ -286,14 +285,14 @@ def _close_to_ridge(ctx: Context, result, lengths: list[int], sigma) -> None:
         f"SGPT ≈ GPT-2 (σ={sigma})",
         "SGPT matches GPT-2 at every context length",
         f"SGPT {fmt(rows['SGPT'])}; GPT-2 {fmt(rows['GPT-2'])}; largest ratio {ratio:.2f}×",
-        verdict(ratio <= 1.5),
+        bool(ratio <= 1.5),
     )
     to_ridge = {m: worst_ratio(m, "optimal ridge") for m in ("SGPT", "GPT-2")}
     ctx.report.claim(
         f"both near optimally tuned ridge (σ={sigma})",
         "both close to the Bayes-optimal ridge at every context length",
         "largest ratio to ridge: " + ", ".join(f"{m} {r:.2f}×" for m, r in to_ridge.items()),
-        verdict(all(r <= 1.5 for r in to_ridge.values())),
+        bool(all(r <= 1.5 for r in to_ridge.values())),
     )
 
 
@@ -378,7 +377,7 @@ def fig4(ctx: Context) -> None:
             f"SGPT ≈ GPT-2 on {task}",
             "SGPT comparable to GPT-2",
             f"at N={lengths[-1]}: SGPT {last['SGPT']:.3g}, GPT-2 {last['GPT-2']:.3g}",
-            verdict(comparable(last["SGPT"], last["GPT-2"])),
+            bool(comparable(last["SGPT"], last["GPT-2"])),
         )
         reference = baselines[0]
         document = {
@@ -396,7 +395,7 @@ def fig4(ctx: Context) -> None:
             f"SGPT against {reference} on {task}",
             document,
             ", ".join(f"{name} {value:.3g}" for name, value in last.items()),
-            verdict(ok),
+            ok,
         )
 
 
@@ -436,7 +435,7 @@ def fig5(ctx: Context) -> None:
             f"one-layer SGPT context-scales on {task}",
             "error falls as N grows",
             fmt(values),
-            verdict(improves(values, factor=0.95)),
+            bool(improves(values, factor=0.95)),
         )
 
 
@@ -470,7 +469,7 @@ def fig6(ctx: Context) -> None:
             "the scalar does as well as the row at every N",
             f"row {fmt(row)}; scalar {fmt(scalar)}",
             # "as good as": never more than 1.5x worse than the row (better is as good), and context-scaling
-            verdict(all(s <= 1.5 * r for r, s in zip(row, scalar, strict=True)) and improves(scalar)),
+            bool(all(s <= 1.5 * r for r, s in zip(row, scalar, strict=True)) and improves(scalar)),
         )
 
 
@@ -583,21 +582,19 @@ def _fig7_claims(ctx: Context, tag: str, task_scaling: dict, context_scaling: di
         "7A falls with T; 7B flat or rising with N",
         f"T: {summary(task_scaling, vec)}; N: {summary(context_scaling, vec)}"
         + ("" if vec_learned else " (never below 0.9× the zero predictor: it learned nothing at this budget)"),
-        verdict(
-            improves(task_scaling["vectorised"]) and not improves(context_scaling["vectorised"]), testable=vec_learned
-        ),
+        (improves(task_scaling["vectorised"]) and not improves(context_scaling["vectorised"])) if vec_learned else None,
     )
     ctx.report.claim(
         f"{tag}: ψ features context-scale but do not task-scale",
         "7A flat in T; 7B falls with N",
         f"T: {summary(task_scaling, feats)}; N: {summary(context_scaling, feats)}",
-        verdict(all(improves(context_scaling[f]) and not improves(task_scaling[f]) for f in feats)),
+        bool(all(improves(context_scaling[f]) and not improves(task_scaling[f]) for f in feats)),
     )
     ctx.report.claim(
         f"{tag}: vectorised + ψ features do both",
         "7A falls with T and 7B falls with N",
         f"T: {summary(task_scaling, both)}; N: {summary(context_scaling, both)}",
-        verdict(all(improves(task_scaling[b]) and improves(context_scaling[b]) for b in both)),
+        bool(all(improves(task_scaling[b]) and improves(context_scaling[b]) for b in both)),
     )
 
 
