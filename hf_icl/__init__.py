@@ -33,6 +33,7 @@ from .modeling import (  # noqa: E402
     SGPTModel,
     attention_parameter_counts,
     build_model,
+    causal_functional_gd_logits,
     functional_gd_logits,
 )
 from .training import ICLTrainer, ICLTrainingArguments, train  # noqa: E402

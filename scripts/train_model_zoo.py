@@ -5,6 +5,17 @@ Each recipe is a dict of :class:`~hf_icl.training.ICLTrainingArguments` fields. 
 the weights, the config, the model card (rewritten with this script's command, the hardware and the wall time),
 the training arguments, ``metrics.json`` and the context-scaling curve and plot.
 
+**The card's evaluation.** After training, the model and its task's default baselines are scored on
+``--eval-seeds`` evaluation seeds (default 10: the training seed + 7919 + k, k = 0, 1, ...), ``--eval-prompts``
+fresh prompts (fresh tasks) each, by :func:`hf_icl.training.model_card.evaluate_over_seeds`. The card, the
+model-index, ``metrics.json``, the CSV, the plot and the zoo's table give the mean over the seeds and the 95 %
+prediction interval for one more seed, mean ± t(0.975, n - 1) · s · sqrt(1 + 1/n) (s: the standard deviation over
+the n seeds): a user's own evaluation on that many fresh prompts should land inside it 19 times in 20. (A bootstrap
+over the prompts of one draw, what the trainer's own card states, is narrower: it leaves out how far a fresh draw
+of tasks moves the mean.) ``--evaluate-only`` reruns this evaluation alone on the shipped folders, the weights
+untouched, and rewrites their cards (keeping the hardware, wall time and date of training the old card states),
+``metrics.json``, curves, plots and the table.
+
 The recipes are CPU sizes (a few minutes each on a 2-core VM); ``--steps-scale`` multiplies every step count for
 a longer run on a GPU.
 
@@ -13,6 +24,7 @@ Usage::
     python scripts/train_model_zoo.py                                  # all five into models/
     python scripts/train_model_zoo.py --only sgpt-linear-regression     # one of them
     python scripts/train_model_zoo.py --device cuda --steps-scale 10   # a GPU run, ten times the steps
+    python scripts/train_model_zoo.py --evaluate-only                  # new cards for the shipped weights
 
 Example (the recipes as training arguments)::
 
@@ -33,6 +45,7 @@ import shlex
 import shutil
 import sys
 import time
+from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
 
@@ -86,7 +99,9 @@ RECIPES: dict[str, dict] = {
         "per_device_train_batch_size": 64,
         "learning_rate": 1e-3,
     },
-    # the functional-GD transformer trained from scratch on 5-class linear-softmax labels in 5 dimensions
+    # the functional-GD transformer trained from scratch on 5-class linear-softmax labels in 5 dimensions; trained
+    # (before issue 29) with the causal variant, which predicts every prefix in one pass; the document's full-context
+    # attention runs the all-prefix protocol once per prefix (41x the work), a retraining left for a bigger machine
     "gd-transformer-categorical": {
         "task": "categorical",
         "task_params": {"n_classes": 5, "function": "linear"},
@@ -94,7 +109,12 @@ RECIPES: dict[str, dict] = {
         "n_points": 41,
         "model_type": "gd_transformer",
         "model_size": "small",
-        "model_overrides": {"n_blocks": 2, "kernel": "softmax", "normalize_by_count": True},
+        "model_overrides": {
+            "n_blocks": 2,
+            "kernel": "softmax",
+            "normalize_by_count": True,
+            "context_attention": "causal",
+        },
         "max_steps": 15000,
         "per_device_train_batch_size": 64,
         "learning_rate": 1e-3,
@@ -113,6 +133,7 @@ SHIPPED_FILES = (
 DEFAULT_OUTPUT = "models"
 DEFAULT_WORK_DIR = "outputs/zoo-work"
 DEFAULT_EVAL_PROMPTS = 4096
+DEFAULT_EVAL_SEEDS = 10  # hf_icl.training.model_card.DEFAULT_EVAL_SEEDS (kept here so --help needs no torch)
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -154,9 +175,25 @@ def script_command(name: str, options: argparse.Namespace) -> str:
         parts += ["--device", options.device]
     if options.steps_scale != 1.0:
         parts += ["--steps-scale", f"{options.steps_scale:g}"]
+    return shlex.join(parts + evaluation_flags(options))
+
+
+def evaluation_command(name: str, options: argparse.Namespace) -> str:
+    """The command that reruns the card's evaluation of model ``name`` alone, as ``options`` did."""
+    parts = ["python", "scripts/train_model_zoo.py", "--evaluate-only", "--only", name]
+    if options.device != "auto":
+        parts += ["--device", options.device]
+    return shlex.join(parts + evaluation_flags(options))
+
+
+def evaluation_flags(options: argparse.Namespace) -> list[str]:
+    """The evaluation options that differ from their defaults."""
+    flags = []
     if options.eval_prompts != DEFAULT_EVAL_PROMPTS:
-        parts += ["--eval-prompts", str(options.eval_prompts)]
-    return shlex.join(parts)
+        flags += ["--eval-prompts", str(options.eval_prompts)]
+    if options.eval_seeds != DEFAULT_EVAL_SEEDS:
+        flags += ["--eval-seeds", str(options.eval_seeds)]
+    return flags
 
 
 def hardware_description(device) -> str:
@@ -181,13 +218,48 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def run_notes(name: str, args, device, seconds: float) -> str:
-    """The card's "Notes" of model ``name``: size, hardware, wall time and the equivalent ``hf-icl train``
-    command."""
+@dataclass
+class TrainingFacts:
+    """What a card says about how its model was trained, kept when the evaluation is rerun alone."""
+
+    on_gpu: bool
+    hardware: str
+    seconds: float
+    date: str
+
+
+def facts_from_card(folder: Path) -> TrainingFacts:
+    """The training facts in the Notes of ``folder/README.md`` (written by :func:`run_notes`)."""
+    text = (folder / "README.md").read_text(encoding="utf-8")
+    hardware = re.search(r"^- hardware(?: of training)?: (.+)$", text, flags=re.M)
+    seconds = re.search(r"^- wall time of training: .*?\((\d+) s\)", text, flags=re.M)
+    day = re.search(r"^- date(?: of training)?: (\S+)$", text, flags=re.M)
+    if not (hardware and seconds and day):
+        raise ValueError(
+            f"the card {folder / 'README.md'} does not state the hardware, wall time and date of training "
+            "(lines '- hardware: ...', '- wall time of training: ... (N s)', '- date of training: ...'); "
+            "retrain the model with this script instead of rerunning its evaluation alone"
+        )
+    return TrainingFacts("**CPU size.**" not in text, hardware.group(1), float(seconds.group(1)), day.group(1))
+
+
+def run_notes(
+    name: str,
+    args,
+    facts: TrainingFacts,
+    evaluation,
+    *,
+    evaluation_seconds: float,
+    evaluation_hardware: str,
+    rerun_command: str,
+    references: str | None = None,
+) -> str:
+    """The card's "Notes" of model ``name``: size, hardware, wall time, the evaluation (its seeds, prompts, band
+    rule, cost and the command that reruns it alone) and the equivalent ``hf-icl train`` command."""
     from hf_icl.training.model_card import reconstruct_training_command
 
     prompts = args.max_steps * args.per_device_train_batch_size
-    if device.type == "cpu":
+    if not facts.on_gpu:
         gpu_command = shlex.join(
             ["python", "scripts/train_model_zoo.py", "--only", name, "--device", "cuda", "--steps-scale", "10"]
         )
@@ -198,46 +270,69 @@ def run_notes(name: str, args, device, seconds: float) -> str:
         )
     else:
         size = f"Trained on a GPU: {args.max_steps:,} steps × {args.per_device_train_batch_size} prompts."
-    references = f"{categorical_references(args)}\n\n" if args.task == "categorical" else ""
+    seeds = evaluation.seeds
     return (
-        f"{size}\n\n{references}"
-        f"- hardware: {hardware_description(device)}\n"
-        f"- wall time of training: {seconds / 60:.1f} min ({seconds:.0f} s), final evaluation included\n"
-        f"- date: {date.today().isoformat()}\n"
-        f"- evaluation: {args.eval_prompts} fresh prompts (fresh tasks) drawn with seed {args.seed} + 7919, "
-        "5-95 % bootstrap bands over prompts\n\n"
+        f"{size}\n\n{references + chr(10) * 2 if references else ''}"
+        f"- hardware: {facts.hardware}\n"
+        f"- wall time of training: {facts.seconds / 60:.1f} min ({facts.seconds:.0f} s), final evaluation included\n"
+        f"- date of training: {facts.date}\n"
+        f"- evaluation: {len(seeds)} seeds × {evaluation.n_prompts} fresh prompts (fresh tasks), seeds "
+        f"{seeds[0]}–{seeds[-1]} (the training seed {args.seed} + 7919 + k, k = 0, …, {len(seeds) - 1}); "
+        f"the mean over the seeds with the {100 * evaluation.level:g} % prediction interval for one more seed "
+        f"(see Results); {evaluation_seconds:.0f} s on {evaluation_hardware}, {date.today().isoformat()}\n"
+        f"- rerun the evaluation alone (the weights unchanged): `{rerun_command}`\n\n"
         f"The same run with the package's CLI:\n\n```bash\n{reconstruct_training_command(_cli_config(args))}\n```"
     )
 
 
-def categorical_references(args) -> str:
-    """For a categorical task, two references at the last position on the card's own evaluation prompts (the
-    trainer's seed): a scikit-learn logistic regression fitted on each prompt's context pairs alone, and the Bayes
-    classifier that knows the task's true weights (the ceiling: labels are drawn from a softmax, so it errs too)."""
+def categorical_references(args, seeds=None, n_prompts: int | None = None) -> str:
+    """For a categorical task, two references at the last position on the card's own evaluation prompts: a
+    scikit-learn logistic regression fitted on each prompt's context pairs alone, and the Bayes classifier that
+    knows the task's true weights (the ceiling: labels are drawn from a softmax, so it errs too).
+
+    ``seeds`` are the card's evaluation seeds (default: the trainer's one, ``args.seed + 7919``) and ``n_prompts``
+    the prompts of each (default ``args.eval_prompts``); with two seeds or more each accuracy is the mean over the
+    seeds with the card's prediction interval for one more seed."""
     import numpy as np
     from sklearn.linear_model import LogisticRegression
 
     from hf_icl.data.tasks import get_task
+    from hf_icl.training.model_card import prediction_interval
     from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
     task = get_task(args.task, n_dims=args.n_dims, **json.loads(args.task_params))
-    xs, ys, params = task.sample(
-        args.eval_prompts, args.n_points, seed=args.seed + EVAL_SEED_OFFSET, return_params=True
-    )
-    bayes = (params["signal"][:, -1].argmax(-1) == ys[:, -1]).double().mean().item()
-    hits = []
-    for x, y in zip(xs.double().numpy(), ys.numpy(), strict=True):
-        if len(set(y[:-1])) < 2:  # one class seen: predict it
-            hits.append(y[0] == y[-1])
-            continue
-        probe = LogisticRegression(max_iter=1000).fit(x[:-1], y[:-1])
-        hits.append(probe.predict(x[-1:])[0] == y[-1])
-    logistic = float(np.mean(hits))
+    seeds = [args.seed + EVAL_SEED_OFFSET] if seeds is None else list(seeds)
+    n_prompts = args.eval_prompts if n_prompts is None else n_prompts
+    logistic, bayes = [], []
+    for seed in seeds:
+        xs, ys, params = task.sample(n_prompts, args.n_points, seed=seed, return_params=True)
+        bayes.append((params["signal"][:, -1].argmax(-1) == ys[:, -1]).double().mean().item())
+        hits = []
+        for x, y in zip(xs.double().numpy(), ys.numpy(), strict=True):
+            if len(set(y[:-1])) < 2:  # one class seen: predict it
+                hits.append(y[0] == y[-1])
+                continue
+            probe = LogisticRegression(max_iter=1000).fit(x[:-1], y[:-1])
+            hits.append(probe.predict(x[-1:])[0] == y[-1])
+        logistic.append(float(np.mean(hits)))
+
+    def summary(values: list[float]) -> str:
+        if len(values) < 2:
+            return f"{values[0]:.3f}"
+        mean, lower, upper = prediction_interval(values, bounds=(0.0, 1.0))
+        return f"{mean:.3f} [{lower:.3f}, {upper:.3f}]"
+
     examples = args.n_points - 1
+    where = (
+        f"the same {n_prompts} evaluation prompts"
+        if len(seeds) == 1
+        else f"the card's evaluation prompts ({len(seeds)} seeds × {n_prompts}; mean [the card's band])"
+    )
     return (
-        f"References on the same {args.eval_prompts} evaluation prompts, accuracy with {examples} examples: "
-        f"logistic regression fitted on each prompt's {examples} pairs (scikit-learn, L2, C = 1) {logistic:.3f}; "
-        f"the Bayes classifier with the task's true weights (the ceiling) {bayes:.3f}; chance {1 / task.n_classes:.3f}."
+        f"References on {where}, accuracy with {examples} examples: "
+        f"logistic regression fitted on each prompt's {examples} pairs (scikit-learn, L2, C = 1) {summary(logistic)}; "
+        f"the Bayes classifier with the task's true weights (the ceiling) {summary(bayes)}; "
+        f"chance {1 / task.n_classes:.3f}."
     )
 
 
@@ -246,28 +341,123 @@ def _cli_config(args) -> dict:
     return {k: v for k, v in args.to_dict().items() if k not in ("output_dir", "run_name")}
 
 
-def rewrite_card(folder: Path, args, result, *, command: str, notes: str, model_id: str) -> None:
-    """The trainer's card again, with this script's command, the run's notes and the shipped folder as model id."""
-    from hf_icl.training.model_card import eval_results_from_context_scaling, write_model_card
-    from hf_icl.training.trainer import PLOT_FILE
+def evaluation_task(args):
+    """The task the card evaluates on: the training family with fresh tasks from the prior (as the trainer's)."""
+    from hf_icl.data.tasks import make_task
 
-    scaling = result.context_scaling
-    table = f"## {scaling.metric.axis_label} by number of in-context examples\n\n{scaling.to_markdown()}"
+    return make_task({**args.task_family().to_dict(), "n_tasks": None})
+
+
+def evaluate_folder(
+    folder: Path, args, options: argparse.Namespace, facts: TrainingFacts, *, model=None, model_id: str
+) -> dict:
+    """The card's evaluation of the model saved in ``folder`` (``model`` if given, else loaded from there), and
+    everything written from it: ``metrics.json`` (the trainer's scalars kept), the CSV, the plot and the card.
+
+    The model and the task's default baselines are scored on ``options.eval_seeds`` seeds of
+    ``options.eval_prompts`` fresh prompts each (:func:`~hf_icl.training.model_card.evaluate_over_seeds`).
+    Returns a summary line's numbers (the last position's mean and band per curve)."""
+    from transformers import AutoModel
+
+    from hf_icl.evaluation.baselines import default_baselines
+    from hf_icl.evaluation.runs import METRICS_FILE, read_metrics, write_curve_csv, write_metrics
+    from hf_icl.training.model_card import card_seeds, evaluate_over_seeds
+    from hf_icl.training.trainer import CURVE_FILE, EVAL_SEED_OFFSET, PLOT_FILE
+
+    if model is None:
+        model = AutoModel.from_pretrained(folder).eval().to(evaluation_device(options))
+    device = next(model.parameters()).device
+    task = evaluation_task(args)
+    seeds = card_seeds(args.seed + EVAL_SEED_OFFSET, options.eval_seeds)
+    start = time.perf_counter()
+    evaluation = evaluate_over_seeds(
+        {args.model_type: model, **default_baselines(task)},
+        task,
+        seeds,
+        options.eval_prompts,
+        n_points=args.n_points,
+    )
+    references = None
+    if args.task == "categorical":
+        references = categorical_references(args, seeds, options.eval_prompts)
+    seconds = time.perf_counter() - start
+
+    previous = read_metrics(folder / METRICS_FILE)  # the trainer's: its scalars (steps, final loss) stay
+    write_metrics(
+        folder / METRICS_FILE,
+        {"standard": evaluation.entry()},
+        model=args.model_type,
+        task=task.name,
+        scalars=previous["scalars"],
+        run_name=previous.get("run_name") or folder.name,
+    )
+    write_curve_csv(folder / CURVE_FILE, evaluation.result)
+    evaluation.plot(folder / PLOT_FILE)
+    notes = run_notes(
+        folder.name,
+        args,
+        facts,
+        evaluation,
+        evaluation_seconds=seconds,
+        evaluation_hardware=hardware_description(device),
+        rerun_command=evaluation_command(folder.name, options),
+        references=references,
+    )
+    rewrite_card(
+        folder,
+        args,
+        evaluation,
+        scalars=previous["scalars"],
+        command=script_command(folder.name, options),
+        notes=notes,
+        model_id=model_id,
+    )
+    last = evaluation.result.n_points - 1
+    curves = evaluation.result
+    return {
+        "metric": curves.metric.name,
+        "seeds": evaluation.seeds,
+        "n_prompts": evaluation.n_prompts,
+        "last": {name: float(curves.values[name][last]) for name in curves.predictors},
+        "band": {
+            name: [float(curves.lower[name][last]), float(curves.upper[name][last])] for name in curves.predictors
+        },
+        "evaluation_seconds": round(seconds, 1),
+        "device": str(device),
+    }
+
+
+def rewrite_card(folder: Path, args, evaluation, *, scalars: dict, command: str, notes: str, model_id: str) -> None:
+    """The card from the seed evaluation: its results table and model-index, this script's command, the run's
+    notes, the shipped folder as model id; the trainer's own final metrics shown as such."""
+    from hf_icl.training.model_card import write_model_card
+    from hf_icl.training.trainer import EVAL_SEED_OFFSET, PLOT_FILE
+
+    result = evaluation.result
+    table = (
+        f"## {result.metric.axis_label} by number of in-context examples\n\n"
+        f"{evaluation.describe()}\n\n{result.to_markdown()}"
+    )
     write_model_card(
         folder,
         args.to_dict(),
-        result.final_metrics,
+        scalars,
         plot_file=PLOT_FILE,
         results_table=table,
-        eval_results=eval_results_from_context_scaling(scaling, args.model_type),
+        eval_results=evaluation.eval_results(args.model_type),
         training_command=command,
         model_id=model_id,
         notes=notes,
+        metrics_title=(
+            f"Final metrics of training (the trainer's own evaluation: {args.eval_prompts} prompts of one seed, "
+            f"{args.seed + EVAL_SEED_OFFSET})"
+        ),
     )
 
 
 def train_one(name: str, options: argparse.Namespace) -> dict:
-    """Train recipe ``name``, ship it into ``options.output/name``; returns a summary line's numbers."""
+    """Train recipe ``name``, evaluate it for its card, ship it into ``options.output/name``; returns a summary
+    line's numbers."""
     from hf_icl.training import train
 
     args = training_arguments(
@@ -278,34 +468,57 @@ def train_one(name: str, options: argparse.Namespace) -> dict:
     result = train(args)
     seconds = time.perf_counter() - start
     device = next(result.model.parameters()).device
-    command = script_command(name, options)
+    facts = TrainingFacts(device.type == "cuda", hardware_description(device), seconds, date.today().isoformat())
     work, shipped = Path(args.output_dir), Path(options.output) / name
-    notes = run_notes(name, args, device, seconds)
-    rewrite_card(work, args, result, command=command, notes=notes, model_id=str(shipped))
+    evaluated = evaluate_folder(work, args, options, facts, model=result.model, model_id=str(shipped))
     if shipped.exists():
         shutil.rmtree(shipped)
     shipped.mkdir(parents=True)
     for file in SHIPPED_FILES:
         shutil.copy2(work / file, shipped / file)
-    scaling = result.context_scaling
-    last = scaling.n_points - 1
     summary = {
         "name": name,
         "seconds": round(seconds, 1),
-        "metric": scaling.metric.name,
-        "last": {curve: float(values[last]) for curve, values in scaling.values.items()},
+        **evaluated,
         "megabytes": sum(f.stat().st_size for f in shipped.iterdir()) / 2**20,
     }
     print(json.dumps(summary), flush=True)
     return summary
 
 
+def evaluate_one(name: str, options: argparse.Namespace) -> dict:
+    """Rerun the card's evaluation of the shipped folder ``options.output/name`` alone: the weights, config and
+    training arguments stay as they are; the card (its training facts kept), ``metrics.json``, the CSV and the
+    plot are rewritten. Returns a summary line's numbers."""
+    from hf_icl.training import ICLTrainingArguments
+    from hf_icl.training.arguments import upgrade_names
+
+    folder = Path(options.output) / name
+    if not (folder / "training_args.json").is_file():
+        raise ValueError(f"{folder} holds no shipped zoo model (no training_args.json): train it first")
+    values = upgrade_names(json.loads((folder / "training_args.json").read_text()), str(folder))
+    args = ICLTrainingArguments(**values)
+    facts = facts_from_card(folder)
+    print(f"== {name}: evaluating {args.model_type} on {options.eval_seeds} seeds", file=sys.stderr, flush=True)
+    evaluated = evaluate_folder(folder, args, options, facts, model_id=str(folder))
+    summary = {"name": name, **evaluated}
+    print(json.dumps(summary), flush=True)
+    return summary
+
+
+def evaluation_device(options: argparse.Namespace) -> str:
+    """Where ``--evaluate-only`` runs the model: the GPU for ``--device cuda`` (or ``auto`` with one), else the CPU."""
+    import torch
+
+    return "cuda" if options.device == "cuda" or (options.device == "auto" and torch.cuda.is_available()) else "cpu"
+
+
 # -- models/README.md: the zoo's table, rebuilt from the shipped folders -----------------------------------------------
 ZOO_README = """# The hf_icl model zoo
 
 One trained checkpoint per ICL architecture of `hf_icl`, each a `save_pretrained` folder with a Hub model card
-(task, size, training command, measured metrics with bootstrap bands), its training arguments, `metrics.json` and the
-context-scaling curve and plot. Load any of them with transformers' Auto classes:
+(task, size, training command, measured metrics with bands over evaluation seeds), its training arguments,
+`metrics.json` and the context-scaling curve and plot. Load any of them with transformers' Auto classes:
 
 ```python
 import torch
@@ -321,20 +534,25 @@ with torch.no_grad():
 
 **CPU sizes.** {size_note}
 
-`tests/test_model_zoo.py` loads every folder with `AutoModel.from_pretrained`, evaluates it on fresh prompts (a seed
-the card's evaluation did not use) and checks that the last-position score agrees with the card's band, that it
-beats the trivial predictor by a wide margin, and that `save_pretrained` -> `from_pretrained` is bit-exact.
+Every score in the table is a mean over the cards' {seeds} evaluation seeds, each a fresh draw of {prompts} prompts
+(fresh tasks). The last column is the model's score at the last position (the most in-context examples) with the
+95 % prediction interval for one more seed: mean ± t(0.975, n - 1) · s · √(1 + 1/n), s the standard deviation of
+the n per-seed scores. Scoring a model on {prompts} fresh prompts of your own should land inside it 19 times in 20;
+a bootstrap over the prompts of one draw is narrower and misses how far a fresh draw of tasks moves the mean. Each
+card names its seeds and gives the band at every position. Regression is scored by squared error / d (/ 1 for the
+unit-scale sinusoids), classification by top-1 accuracy. "Zero / chance" is the trivial predictor (predict 0, or
+the chance rate 1/C). Least squares is exact on noiseless linear regression once the prompt holds d examples.
 
-The last column is the score at the last position (the most in-context examples) on the card's {prompts} fresh
-prompts, with its 5-95 % bootstrap band; regression is scored by squared error / d (/ 1 for the unit-scale
-sinusoids), classification by top-1 accuracy. "Zero / chance" is the trivial predictor (predict 0, or the chance
-rate 1/C). Least squares is exact on noiseless linear regression once the prompt holds d examples.
+`tests/test_model_zoo.py` loads every folder with `AutoModel.from_pretrained`, scores it on {prompts} fresh prompts of
+a seed none of the cards' evaluations used and checks that the last-position score falls inside the card's band,
+that it beats the trivial predictor by a wide margin, and that `save_pretrained` -> `from_pretrained` is bit-exact.
 
 {header}
 {rows}
 
 Rebuild every folder and this table with `python scripts/train_model_zoo.py` (one model: `--only NAME`; a longer
-run on a GPU: `--device cuda --steps-scale 10`). `niah-retriever/` is the passkey-retrieval language model of
+run on a GPU: `--device cuda --steps-scale 10`); rerun only the cards' evaluation, the weights untouched, with
+`python scripts/train_model_zoo.py --evaluate-only`. `niah-retriever/` is the passkey-retrieval language model of
 `docs/results/niah.md`, with its own card and test.
 """
 
@@ -349,7 +567,7 @@ TABLE_COLUMNS = (
     "zero / chance",
     "least squares",
     "3-NN",
-    "last position [band]",
+    "last position [95 % band for one more seed]",
 )
 NUMERIC_COLUMNS = ("parameters", "size", "wall time", "zero / chance", "least squares", "3-NN")
 
@@ -392,12 +610,16 @@ def zoo_row(folder: Path) -> tuple[str, str]:
 
 def write_zoo_readme(output: str | Path) -> Path:
     """Write ``output/README.md``: the table of every zoo folder in ``output`` (those with training_args.json)."""
+    from hf_icl.evaluation.runs import read_metrics
+
     output = Path(output)
     folders = [f for f in sorted(output.iterdir()) if f.name in RECIPES and (f / "training_args.json").is_file()]
     if not folders:
         raise ValueError(f"output {str(output)!r} holds none of the zoo's models {sorted(RECIPES)}")
     rows, kinds = zip(*(zoo_row(folder) for folder in folders), strict=True)
-    prompts = {json.loads((f / "training_args.json").read_text())["eval_prompts"] for f in folders}
+    entries = [read_metrics(f / "metrics.json")["evaluations"]["standard"] for f in folders]
+    prompts = {entry["n_prompts"] for entry in entries}
+    seeds = {len(entry.get("seeds", [entry["seed"]])) for entry in entries}
     if set(kinds) == {"CPU"}:
         size_note = (
             "No GPU was available when these were trained: every model is a CPU size (minutes on a 2-core VM), "
@@ -410,6 +632,7 @@ def write_zoo_readme(output: str | Path) -> Path:
     text = ZOO_README.format(
         size_note=size_note,
         prompts=" / ".join(map(str, sorted(prompts))),
+        seeds=" / ".join(map(str, sorted(seeds))),
         header=f"| {header} |\n|{align}|",
         rows="\n".join(rows),
     )
@@ -436,9 +659,22 @@ def parse_options(argv=None) -> argparse.Namespace:
     parser.add_argument("--device", choices=DEVICES, default="auto", help="auto: a GPU if there is one")
     parser.add_argument("--steps-scale", type=float, default=1.0, help="multiply every recipe's steps (GPU runs)")
     parser.add_argument(
-        "--eval-prompts", type=int, default=DEFAULT_EVAL_PROMPTS, help="fresh prompts of the card's evaluation"
+        "--eval-prompts", type=int, default=DEFAULT_EVAL_PROMPTS, help="fresh prompts per seed of the card's evaluation"
     )
     parser.add_argument(
+        "--eval-seeds",
+        type=int,
+        default=DEFAULT_EVAL_SEEDS,
+        help="evaluation seeds of the card (at least 2): the card gives their mean and a prediction interval",
+    )
+    modes = parser.add_mutually_exclusive_group()
+    modes.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="train nothing; rerun the card's evaluation of the shipped folders in OUTPUT (weights untouched) and "
+        "rewrite their cards, metrics, curves and OUTPUT/README.md",
+    )
+    modes.add_argument(
         "--index-only", action="store_true", help="train nothing; rewrite OUTPUT/README.md from the shipped folders"
     )
     options = parser.parse_args(argv)
@@ -446,13 +682,18 @@ def parse_options(argv=None) -> argparse.Namespace:
         parser.error(f"--steps-scale must be a finite number > 0, got {options.steps_scale}")
     if options.eval_prompts < 1:
         parser.error(f"--eval-prompts must be at least 1, got {options.eval_prompts}")
+    if options.eval_seeds < 2:
+        parser.error(f"--eval-seeds must be at least 2 (a spread over seeds needs two), got {options.eval_seeds}")
     return options
 
 
 def main(argv=None) -> None:
     options = parse_options(argv)
     select_device(options.device)
-    if not options.index_only:
+    if options.evaluate_only:
+        for name in options.only or RECIPES:
+            evaluate_one(name, options)
+    elif not options.index_only:
         for name in options.only or RECIPES:
             train_one(name, options)
     print(f"wrote {write_zoo_readme(options.output)}", file=sys.stderr)

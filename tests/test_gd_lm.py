@@ -18,7 +18,7 @@ from hf_icl.modeling.gd_transformer import (
     GDLanguageModelConfig,
     GDTransformerForCausalLM,
     attention_parameter_counts,
-    functional_gd_logits,
+    causal_functional_gd_logits,
 )
 
 VOCAB, CONTEXT, WIDTH, HEADS = 7, 24, 4, 2
@@ -151,7 +151,8 @@ def test_every_step_equals_functional_gd_written_out(fields):
 )
 def test_one_head_with_a_scalar_step_is_the_classification_packages_functional_gd(kernel, normalize_attention):
     """Shared query/key maps, one head and ``W_o = η I``: row r is functional GD at x_r = W P_r from the pairs j < r,
-    i.e. :func:`functional_gd_logits` on the prompt (x_j = W P_j, y_j = token j) with class embeddings LN(wte)ᵀ."""
+    i.e. :func:`causal_functional_gd_logits` (the causal variant: a language model's token r sees the tokens before
+    it only) on the prompt (x_j = W P_j, y_j = token j) with class embeddings LN(wte)ᵀ."""
     eta = 0.7
     model = lm(kernel=kernel, qk_form="full_shared", n_heads=1, n_blocks=3, normalize_attention=normalize_attention)
     with torch.no_grad():
@@ -162,7 +163,7 @@ def test_one_head_with_a_scalar_step_is_the_classification_packages_functional_g
         xs = (positions @ model.kernel.query_weight[0].T).expand(3, -1, -1)  # (B, T + 1, d'): the queries x_r
         ys = torch.cat((ids, torch.zeros_like(ids[:, :1])), dim=1)  # the last pair is never used (no row after it)
         W_e = model.token_embeddings().T
-        reference = functional_gd_logits(
+        reference = causal_functional_gd_logits(
             xs, ys, W_e, n_steps=3, learning_rate=eta, kernel=kernel, bandwidth=model.config.bandwidth,
             normalize_by_count=True, normalize_attention=normalize_attention,
         )  # fmt: skip

@@ -9,6 +9,7 @@ from .gd_transformer import (
     GDTransformerForCausalLM,
     GDTransformerForInContextClassification,
     attention_parameter_counts,
+    causal_functional_gd_logits,
     functional_gd_logits,
 )
 from .gpt2_icl import SIZE_PRESETS, GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel

@@ -8,6 +8,10 @@ from ...validation import check_choice, check_float, check_int
 from ..config_fields import check_config_kwargs, check_prompt_fields
 from .functional_gd import KERNELS
 
+#: what the context tokens attend to: "full", the document's (every context pair, in both protocols); "causal", the
+#: causal variant (token i reads the pairs j < i only: a different algorithm for more than one block)
+CONTEXT_ATTENTION = ("full", "causal")
+
 #: name -> embed_dim (d', the width of the class embeddings and of the latent f)
 SIZE_PRESETS = {"tiny": 16, "small": 32, "standard": 64}
 
@@ -33,12 +37,12 @@ class GDTransformerConfig(PretrainedConfig):
     r"""An attention model whose blocks can compute functional gradient descent on categorical labels.
 
     Every position carries a state ``(x_i, f_i, s_i)`` (``n_dims + 2 * embed_dim`` numbers: the input, the latent
-    function and a scratch slot for the expected embedding) and a label slot ``w_{e,y_i} − w̄_e`` that only later
-    positions read. A block is a self-attention layer with two heads (head 1 updates f with kernel attention over
-    ``j < i``; head 2, with scores ``−λ‖q_i − k_j‖²`` over ``j <= i``, can erase the scratch slot), then a
-    cross-attention layer from the state to the class embeddings (it can write ``E(w_e)|f`` into the scratch slot),
-    then an optional feed-forward layer. Logits are ``W_eᵀ f``. See
-    :class:`~hf_icl.modeling.gd_transformer.GDTransformerForInContextClassification`.
+    function and a scratch slot for the expected embedding) and a label slot ``w_{e,y_i} − w̄_e`` that only the
+    tokens reading it as a context pair see. A block is a self-attention layer with two heads (head 1 updates f
+    with kernel attention over the context pairs; head 2, with scores ``−λ‖q_i − k_j‖²`` over the context and the
+    token itself, can erase the scratch slot), then a cross-attention layer from the state to the class embeddings
+    (it can write ``E(w_e)|f`` into the scratch slot), then an optional feed-forward layer. Logits are ``W_eᵀ f``.
+    See :class:`~hf_icl.modeling.gd_transformer.GDTransformerForInContextClassification`.
 
     Args:
         n_dims: input dimension d.
@@ -47,12 +51,17 @@ class GDTransformerConfig(PretrainedConfig):
         n_classes: C.
         embed_dim: d', the width of the class embeddings ``W_e (d', C)`` and of f.
         n_blocks: blocks, i.e. GD steps K of the construction.
+        context_attention: ``"full"`` (default), the document's transformer: the context tokens attend to every
+            context pair (themselves included) and each query to the context only, so K blocks compute K steps of
+            the document's functional GD; ``"causal"``, the causal variant: token ``i`` attends to the pairs
+            ``j < i`` only (one pass predicts every prefix, but for K ≥ 2 it is a different algorithm,
+            :func:`~hf_icl.modeling.gd_transformer.causal_functional_gd_logits`).
         kernel: head 1's kernel κ: ``"softmax"`` ``exp(qᵀk / h)``, ``"rbf"`` ``exp(−‖q − k‖² / (2h²))`` or
-            ``"linear"`` ``qᵀk / h``, an unnormalised sum over ``j < i``.
+            ``"linear"`` ``qᵀk / h``, an unnormalised sum over the context pairs.
         bandwidth: h > 0, a fixed scale of head 1's scores.
-        normalize_by_count: multiply head 1's sum by ``1 / i`` (the number of context pairs of position i).
-        normalize_attention: divide the softmax kernel's weights by their sum over ``j < i`` (softmax attention);
-            ``kernel="softmax"`` only.
+        normalize_by_count: multiply head 1's sum by one over the number of context pairs the token reads.
+        normalize_attention: divide the softmax kernel's weights by their sum over the context pairs (softmax
+            attention); ``kernel="softmax"`` only.
         erase_temperature: λ > 0 of head 2's scores ``−λ‖q_i − k_j‖²``. The GD construction uses a large λ
             (:data:`~hf_icl.modeling.gd_transformer.modeling_gd_transformer.CONSTRUCTION_ERASE_TEMPERATURE`) so the
             head attends to its own position only; a model trained from scratch keeps the default 1 (the scale of
@@ -82,6 +91,7 @@ class GDTransformerConfig(PretrainedConfig):
     n_classes: int = 5
     embed_dim: int = 32
     n_blocks: int = 1
+    context_attention: str = "full"
     kernel: str = "softmax"
     bandwidth: float = 1.0
     normalize_by_count: bool = False
@@ -103,6 +113,7 @@ class GDTransformerConfig(PretrainedConfig):
         check_int("embed_dim", self.embed_dim, low=1)
         check_int("n_blocks", self.n_blocks, low=1)
         check_choice("kernel", self.kernel, KERNELS)
+        check_choice("context_attention", self.context_attention, CONTEXT_ATTENTION)
         check_float("bandwidth", self.bandwidth, low=0, low_inclusive=False)
         check_float("erase_temperature", self.erase_temperature, low=0, low_inclusive=False)
         check_float("initializer_range", self.initializer_range, low=0)

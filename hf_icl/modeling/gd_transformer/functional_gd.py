@@ -1,20 +1,31 @@
 """Functional gradient descent for categorical in-context learning (seed 004), and the kernels it uses.
 
 The softmax classification model ``p(y = c | x) = softmax(W_eᵀ f(x))_c`` shares the embedding matrix
-``W_e`` (``d' × C``, column ``c`` embeds class ``c``) with the transformer. Functional GD on the
-cross-entropy of the context pairs, evaluated at every prompt position ``i`` from the pairs ``j < i``
-(the all-prefix protocol of the package), is
+``W_e`` (``d' × C``, column ``c`` embeds class ``c``) with the transformer. The document's functional GD on the
+cross-entropy of the ``m`` context pairs updates the latent at every context point from *all* context pairs, and
+reads a query ``x_q`` from the same pairs:
 
     f_{i,0} = 0,
-    f_{i,k+1} = f_{i,k} + η s_i Σ_{j<i} κ(x_i, x_j) (w_{e,y_j} − E(w_e)|f_{j,k}),
+    f_{i,k+1} = f_{i,k} + η s Σ_{j=1..m} κ(x_i, x_j) (w_{e,y_j} − E(w_e)|f_{j,k})    (i a context point or a query),
     E(w_e)|f = W_e softmax(W_eᵀ f),
 
-with ``s_i = 1`` or ``1 / i`` (the number of context pairs of position ``i``) and logits ``W_eᵀ f_{i,K}``.
-``f_{j,k}`` is position ``j``'s own state, which used the pairs before ``j`` only: a causal transformer
-computes exactly this, one block per step (:mod:`.modeling_gd_transformer`).
+with ``s = 1`` or ``1 / m`` and logits ``W_eᵀ f_{q,K}``; a context point's own pair is in its sum (``j = i``).
+:func:`functional_gd_logits` computes it for the queries after a context (``n_context=m``) or, with
+``n_context=None``, at every prompt position ``i`` from the pairs ``j < i`` (each position is the query of its own
+prefix: K steps on that prefix, a per-prefix loop).
+
+For ``K = 1`` every position's prediction uses the pairs before it once, and one causal pass computes all of them.
+For ``K ≥ 2`` the context latents ``f_{j,k}`` depend on the whole context, so a token ``j`` that sees only the pairs
+before it computes something else: :func:`causal_functional_gd_logits`, the *causal variant*
+
+    f_{i,k+1} = f_{i,k} + η s_i Σ_{j<i} κ(x_i, x_j) (w_{e,y_j} − E(w_e)|f_{j,k}),    s_i = 1 or 1 / i,
+
+in which position ``j``'s state ``f_{j,k}`` used the pairs before ``j`` only. It is not the document's algorithm
+(the logits differ for K ≥ 2); the transformer computes it with ``context_attention="causal"``.
 
 The pieces here are small and shared: :func:`kernel_weights` (the kernels as masked attention weights),
-:func:`expected_embedding`, :func:`functional_gd_step` and the reference :func:`functional_gd_logits`.
+:func:`expected_embedding`, :func:`functional_gd_step`, the attention masks of both protocols and the two
+references.
 """
 
 from __future__ import annotations
@@ -111,6 +122,37 @@ def causal_context_mask(n_points: int, device=None) -> torch.Tensor:
     return torch.ones(n_points, n_points, dtype=torch.bool, device=device).tril(-1)
 
 
+def context_query_masks(n_points: int, n_context: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The document's masks for a prompt of ``n_context`` context pairs followed by queries, ``(N, N)`` bool each.
+
+    ``update[i, j]``: token ``i`` reads pair ``j`` (``j < n_context``, for context tokens and queries alike: the
+    context attends to the whole context, itself included; no token reads a query). ``erase[i, j]``: the states
+    token ``i`` may read (the context and itself).
+
+    >>> update, erase = context_query_masks(3, 2)
+    >>> update.int().tolist(), erase.int().tolist()
+    ([[1, 1, 0], [1, 1, 0], [1, 1, 0]], [[1, 1, 0], [1, 1, 0], [1, 1, 1]])
+    """
+    positions = torch.arange(n_points, device=device)
+    update = (positions < n_context).expand(n_points, n_points)
+    return update, update | torch.eye(n_points, dtype=torch.bool, device=device)
+
+
+def prefix_masks(n_points: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`context_query_masks` for every prefix at once, ``(N, N, N)`` each: copy ``p`` of the prompt has the
+    ``p`` pairs before position ``p`` as its context and position ``p`` as its query (the tokens after ``p`` are
+    computed and ignored). One batched pass over the ``N`` copies equals a per-prefix loop.
+    """
+    positions = torch.arange(n_points, device=device)
+    update = (positions < positions[:, None]).unsqueeze(1).expand(n_points, n_points, n_points)  # [p, i, j]: j < p
+    return update, update | torch.eye(n_points, dtype=torch.bool, device=device)
+
+
+def pair_counts(update_mask: torch.Tensor, dtype=None) -> torch.Tensor:
+    """``(..., N, 1)``: the pairs each token reads under ``update_mask``, at least 1 (an empty sum stays 0)."""
+    return update_mask.sum(dim=-1, keepdim=True).clamp_min(1).to(dtype)
+
+
 def functional_gd_step(
     f: torch.Tensor,
     weights: torch.Tensor,
@@ -146,12 +188,14 @@ def functional_gd_logits(
     bandwidth: float = 1.0,
     normalize_by_count: bool = False,
     normalize_attention: bool = False,
+    n_context: int | None = None,
 ) -> torch.Tensor:
-    """Logits ``W_eᵀ f_{i,K}`` of ``n_steps`` of functional GD at every position, ``(B, N, C)``.
+    """The document's ``n_steps`` of functional GD on the whole context, read at the queries.
 
-    Position ``i`` uses the pairs ``j < i`` only (position 0 has none: ``f = 0``, uniform logits). Vectorised over
-    prompts and positions; the loop runs over the K steps only. It is the function
-    :meth:`GDTransformerForInContextClassification.from_gd_construction` computes.
+    * ``n_context=m``: the first ``m`` pairs are the context, positions ``m..N-1`` the queries; returns the queries'
+      logits ``W_eᵀ f_{q,K}``, ``(B, N - m, C)`` (``ys`` may be ``(B, m)``, the context labels only).
+    * ``n_context=None``: every position ``i`` is the query of its own prefix (the pairs ``j < i``), ``(B, N, C)``;
+      position 0 has no pairs: ``f = 0``, uniform logits. A loop over the prefixes (this is the reference).
 
     Args:
         xs: ``(B, N, d)`` inputs.
@@ -160,28 +204,70 @@ def functional_gd_logits(
         n_steps: K >= 0.
         learning_rate: η.
         kernel, bandwidth: κ (:data:`KERNELS`) and its h > 0.
-        normalize_by_count: ``s_i = 1 / i`` instead of 1.
-        normalize_attention: the softmax kernel's weights divided by their sum over ``j < i``.
+        normalize_by_count: ``s = 1 / m`` instead of 1.
+        normalize_attention: the softmax kernel's weights divided by their sum over the context.
 
     >>> import torch
     >>> xs, ys, W_e = torch.randn(2, 6, 3), torch.randint(4, (2, 6)), torch.randn(5, 4)
+    >>> functional_gd_logits(xs, ys, W_e, n_steps=2, learning_rate=0.5, n_context=4).shape  # two queries
+    torch.Size([2, 2, 4])
     >>> logits = functional_gd_logits(xs, ys, W_e, n_steps=2, learning_rate=0.5)
     >>> logits.shape, bool((logits[:, 0] == 0).all())  # position 0: f = 0
     (torch.Size([2, 6, 4]), True)
     """
-    check_int("n_steps", n_steps, low=0)
-    check_float("learning_rate", learning_rate)
-    check_float("bandwidth", bandwidth, low=0, low_inclusive=False)
-    if not (isinstance(W_e, torch.Tensor) and W_e.ndim == 2 and W_e.is_floating_point()):
-        raise ValueError(f"W_e must be a floating-point (d', C) tensor, got {_describe(W_e)}")
-    if not (isinstance(xs, torch.Tensor) and xs.ndim == 3 and xs.is_floating_point()):
-        raise ValueError(f"xs must be a floating-point (B, N, d) tensor, got {_describe(xs)}")
-    if not isinstance(ys, torch.Tensor) or ys.shape != xs.shape[:2]:
-        raise ValueError(f"ys must be a (B, N) = {tuple(xs.shape[:2])} tensor of class ids, got {_describe(ys)}")
-    n_classes = W_e.shape[1]
-    if ys.numel() and (ys.min() < 0 or ys.max() >= n_classes):
-        raise ValueError(f"ys must be class ids in [0, {n_classes}) (W_e has {n_classes} columns)")
-    xs = xs.to(W_e.dtype)
+    xs, ys = _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, n_context)
+    options = (W_e, n_steps, learning_rate, kernel, bandwidth, normalize_by_count, normalize_attention)
+    if n_context is not None:
+        return _full_context_gd(xs[:, :n_context], ys[:, :n_context], xs[:, n_context:], *options)
+    prefixes = [_full_context_gd(xs[:, :i], ys[:, :i], xs[:, i : i + 1], *options) for i in range(xs.shape[1])]
+    return torch.cat(prefixes, dim=1)
+
+
+def _full_context_gd(
+    context_xs, context_ys, query_xs, W_e, n_steps, learning_rate, kernel, bandwidth, by_count, normalize
+) -> torch.Tensor:
+    """K steps on the context (every context point from every context pair), the queries read alongside."""
+    n_context = context_xs.shape[1]
+    context_weights = kernel_weights(context_xs, context_xs, kernel, bandwidth, normalize=normalize)
+    query_weights = kernel_weights(query_xs, context_xs, kernel, bandwidth, normalize=normalize)
+    scale = learning_rate / max(n_context, 1) if by_count else learning_rate
+    label_embeddings = W_e.T[context_ys.long()]
+    f_context = W_e.new_zeros(*context_xs.shape[:2], W_e.shape[0])
+    f_query = W_e.new_zeros(*query_xs.shape[:2], W_e.shape[0])
+    for _ in range(n_steps):
+        residuals = label_embeddings - expected_embedding(f_context, W_e)  # both updates use the step-k residuals
+        f_query = f_query + scale * query_weights @ residuals
+        f_context = f_context + scale * context_weights @ residuals
+    return f_query @ W_e
+
+
+def causal_functional_gd_logits(
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    W_e: torch.Tensor,
+    n_steps: int,
+    learning_rate: float,
+    kernel: str = "softmax",
+    bandwidth: float = 1.0,
+    normalize_by_count: bool = False,
+    normalize_attention: bool = False,
+) -> torch.Tensor:
+    """Logits ``W_eᵀ f_{i,K}`` of the *causal variant* of functional GD at every position, ``(B, N, C)``.
+
+    Position ``i``'s state is updated from the pairs ``j < i`` with the residuals of *their* states, which used the
+    pairs before them only (see the module docstring); equal to :func:`functional_gd_logits` for ``n_steps <= 1``,
+    a different algorithm for more. Vectorised over prompts and positions; the loop runs over the K steps only. It
+    is what :meth:`GDTransformerForInContextClassification.from_gd_construction` computes with
+    ``context_attention="causal"``. Arguments as :func:`functional_gd_logits` (``s_i = 1 / i``, softmax normalised
+    over ``j < i``).
+
+    >>> import torch
+    >>> xs, ys, W_e = torch.randn(2, 6, 3), torch.randint(4, (2, 6)), torch.randn(5, 4)
+    >>> one = causal_functional_gd_logits(xs, ys, W_e, n_steps=1, learning_rate=0.5)
+    >>> torch.allclose(one, functional_gd_logits(xs, ys, W_e, n_steps=1, learning_rate=0.5), atol=1e-6)
+    True
+    """
+    xs, ys = _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, None)
     mask = causal_context_mask(xs.shape[1], xs.device)
     weights = kernel_weights(xs, xs, kernel, bandwidth, mask, normalize_attention)
     label_embeddings = W_e.T[ys.long()]
@@ -189,6 +275,26 @@ def functional_gd_logits(
     for _ in range(n_steps):
         f = functional_gd_step(f, weights, label_embeddings, W_e, learning_rate, normalize_by_count)
     return f @ W_e
+
+
+def _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, n_context) -> tuple:
+    check_int("n_steps", n_steps, low=0)
+    check_float("learning_rate", learning_rate)
+    check_float("bandwidth", bandwidth, low=0, low_inclusive=False)
+    if not (isinstance(W_e, torch.Tensor) and W_e.ndim == 2 and W_e.is_floating_point()):
+        raise ValueError(f"W_e must be a floating-point (d', C) tensor, got {_describe(W_e)}")
+    if not (isinstance(xs, torch.Tensor) and xs.ndim == 3 and xs.is_floating_point()):
+        raise ValueError(f"xs must be a floating-point (B, N, d) tensor, got {_describe(xs)}")
+    if n_context is not None:
+        check_int("n_context", n_context, low=0, high=xs.shape[1] - 1)
+    allowed = [tuple(xs.shape[:2])] + ([(xs.shape[0], n_context)] if n_context is not None else [])
+    if not isinstance(ys, torch.Tensor) or tuple(ys.shape) not in allowed:
+        shapes = " or ".join(map(str, allowed))
+        raise ValueError(f"ys must be a tensor of class ids of shape {shapes}, got {_describe(ys)}")
+    n_classes = W_e.shape[1]
+    if ys.numel() and (ys.min() < 0 or ys.max() >= n_classes):
+        raise ValueError(f"ys must be class ids in [0, {n_classes}) (W_e has {n_classes} columns)")
+    return xs.to(W_e.dtype), ys
 
 
 def _describe(value) -> str:

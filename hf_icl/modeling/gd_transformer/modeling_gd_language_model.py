@@ -12,7 +12,8 @@ heads ``h`` side by side (each with its own query/key maps, all reading the same
 ``normalize_by_count``, ``W_o^k`` one output projection per step (``H d' → d'``: a learned step size; ``η I`` per
 head makes it functional GD with the kernel ``η Σ_h κ_h``). ``e_j − E|f_{j,k}`` is the negative gradient of pair
 j's cross-entropy with respect to f, evaluated at row j's own f (its prediction from the pairs before it): the
-update is exactly K steps of functional GD, as in the classification model (:mod:`.functional_gd`). The token
+update is exactly K steps of the causal variant of functional GD (:func:`.functional_gd.causal_functional_gd_logits`:
+a language model's row sees the tokens before it only, so pair j's state is its own prefix's). The token
 after ``t`` is predicted by row ``t + 1`` (query ``P_{t+1}``, pairs ``j <= t``): logits ``W (f + FF(f))`` with the
 optional feed-forward layer, tied to the token embedding.
 

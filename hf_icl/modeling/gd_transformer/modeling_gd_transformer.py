@@ -6,19 +6,29 @@ slot* ``ℓ_i = w_{e,y_i} − w̄_e`` (``d'``), the document's centred label emb
 The document's token ``e_{i,0} = (x_i, w_{e,y_i} − w̄_e, 0_{d'})`` is ``(x_i, ℓ_i, f_i)``; the scratch slot is
 what the multi-step blocks add.
 
-Masking keeps position ``i``'s own label out of its prediction for *any* parameter values: the label slot is
-read only by head 1's keys and values (the context token ``(z_j, ℓ_j)``), and head 1 attends to ``j < i``.
-Everything a position reads of itself (queries, head 2, which attends to ``j <= i``, the cross-attention
-query, the feed-forward layer) is the state ``z_i`` alone. So the prediction at ``i`` depends on ``x_{<=i}``
-and ``y_{<i}`` only, and one pass predicts every position (no loop over prefixes).
+What attends to what (``config.context_attention``):
+
+* ``"full"`` (the document's transformer). A prompt is ``m`` context pairs followed by queries
+  (``forward(..., n_context=m)``): head 1 of every token reads the ``m`` context tokens ``(z_j, ℓ_j)`` (a
+  context token its own pair too), head 2 reads the context's states and the token's own. No token reads a
+  query, so each query's logits are K steps of the document's functional GD on the context, whatever the other
+  queries are. Without ``n_context`` every position is the query of its own prefix: the prompt is copied once
+  per position (copy ``p`` has the pairs before ``p`` as its context and ``p`` as its query) and the copies run as
+  one batch, ``N×`` the work of one pass (:func:`.functional_gd.prefix_masks`); it equals a per-prefix loop.
+* ``"causal"`` (a variant): head 1 of token ``i`` reads the pairs ``j < i``, head 2 the states ``j <= i``, one
+  pass for every position. For K ≥ 2 it computes :func:`.functional_gd.causal_functional_gd_logits`, not the
+  document's algorithm.
+
+Either way the label slot is read only by head 1's keys and values, from context tokens, so a prediction never
+depends on its own label or a later one, for *any* parameter values.
 
 A block (:class:`GDTransformerBlock`) is
 
 1. self-attention with two heads, both reading the block's input state, their outputs added to it:
 
-   * head 1 (``update``): weights ``κ(q_i, k_j)`` over ``j < i`` (the config's kernel, bandwidth,
-     ``normalize_attention``), times ``1 / i`` with ``normalize_by_count``;
-   * head 2 (``erase``): softmax of ``−λ‖q_i − k_j‖²`` over ``j <= i``;
+   * head 1 (``update``): weights ``κ(q_i, k_j)`` over the context pairs (the config's kernel, bandwidth,
+     ``normalize_attention``), divided by their number with ``normalize_by_count``;
+   * head 2 (``erase``): softmax of ``−λ‖q_i − k_j‖²`` over the context's states and its own;
 
 2. cross-attention (``expect``): queries from the state, keys and values from the centred class embeddings
    ``w_{e,c} − w̄_e`` (softmax over the C classes);
@@ -36,12 +46,13 @@ The GD construction (:meth:`GDTransformerForInContextClassification.from_gd_cons
   (:data:`CONSTRUCTION_ERASE_TEMPERATURE`): the score ``−λ‖x_i − x_j‖²`` is exactly 0 at ``j = i`` (the same
   numbers are subtracted) and below it everywhere else, so the off-diagonal weights ``exp(−λ‖x_i − x_j‖²)``
   underflow to 0 (below float64's precision once ``‖x_i − x_j‖² > 37 / λ``; only exact duplicates of ``x_i``
-  earlier in the prompt share the weight). Head 2 then returns ``s_i`` itself and erases it;
+  in the context share the weight). Head 2 then returns ``s_i`` itself and erases it;
 * cross-attention: ``q = f_{i,k+1}``, ``k = v = w_{e,c} − w̄_e``: the weights are ``softmax(W_eᵀ f_{i,k+1})``
   (centring moves every score by the same ``w̄_eᵀ f``), the output ``E(w_e)|f_{i,k+1} − w̄_e`` goes into the
   scratch slot, ready for head 1 of the next block;
 
-so ``f`` after K blocks is exactly K steps of functional GD (:func:`.functional_gd.functional_gd_logits`).
+so ``f`` after K blocks is exactly K steps of functional GD (:func:`.functional_gd.functional_gd_logits`, or
+:func:`.functional_gd.causal_functional_gd_logits` with ``context_attention="causal"``).
 """
 
 from __future__ import annotations
@@ -60,14 +71,29 @@ from ..heads import ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_model_prompt, check_no_backbone_kwargs
 from .configuration_gd_transformer import GDTransformerConfig
-from .functional_gd import causal_context_mask, context_counts, kernel_weights, squared_distances
+from .functional_gd import (
+    causal_context_mask,
+    context_query_masks,
+    kernel_weights,
+    pair_counts,
+    prefix_masks,
+    squared_distances,
+)
 from .layers import GDFeedForward
 
 #: λ of head 2 in the GD construction: off-diagonal weights exp(−λ‖x_i − x_j‖²) underflow for ‖x_i − x_j‖² > ~1e-10
 CONSTRUCTION_ERASE_TEMPERATURE = 1e12
 
 #: the parameters of the model's forward (close matches for a mistyped keyword)
-_FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "output_attentions", "check_inputs")
+_FORWARD_PARAMETERS = (
+    "xs",
+    "ys",
+    "loss_positions",
+    "n_context",
+    "output_hidden_states",
+    "output_attentions",
+    "check_inputs",
+)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -119,8 +145,8 @@ class GDClassEmbedding(nn.Module):
 class GDSelfAttention(nn.Module):
     """The block's self-attention: head 1 (``update_*``) and, unless the block is simplified, head 2 (``erase_*``).
 
-    Head 1's queries read the state ``z_i``, its keys and values the context token ``(z_j, ℓ_j)``; it attends to
-    ``j < i``. Head 2 reads states only and attends to ``j <= i``. Query/key width is ``n_dims``, value width
+    Head 1's queries read the state ``z_i``, its keys and values the context token ``(z_j, ℓ_j)``; head 2 reads
+    states only. The masks say which tokens each head attends to. Query/key width is ``n_dims``, value width
     ``embed_dim``; both heads write into the whole state.
     """
 
@@ -139,32 +165,32 @@ class GDSelfAttention(nn.Module):
             self.erase_value = nn.Linear(state, v, bias=False)
             self.erase_output = nn.Linear(v, state, bias=False)
 
-    def forward(self, states: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``states (B, N, state_width)``, ``tokens (B, N, token_width)`` → (the sum of both heads' outputs,
-        ``(B, heads, N, N)`` attention weights)."""
+    def forward(
+        self, states: torch.Tensor, tokens: torch.Tensor, update_mask: torch.Tensor, erase_mask: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``states (..., N, state_width)``, ``tokens (..., N, token_width)``, bool masks ``(..., N, N)`` (True at
+        ``[i, j]`` where token ``i`` may read token ``j``; head 1's, head 2's) → (the sum of both heads' outputs,
+        ``(..., heads, N, N)`` attention weights)."""
         config = self.config
-        n_points = states.shape[1]
-        context = causal_context_mask(n_points, states.device)  # j < i
         update_weights = kernel_weights(
             self.update_query(states),
             self.update_key(tokens),
             config.kernel,
             config.bandwidth,
-            context,
+            update_mask,
             config.normalize_attention,
         )
         update = update_weights @ self.update_value(tokens)
         if config.normalize_by_count:
-            update = update / context_counts(n_points, states.device, update.dtype)
+            update = update / pair_counts(update_mask, update.dtype)
         out, weights = self.update_output(update), [update_weights]
         if self.has_erase_head:
             # −λ‖q_i − k_j‖² from the differences: exactly 0 at j = i when the query and key maps agree
             scores = squared_distances(self.erase_query(states), self.erase_key(states)) * -config.erase_temperature
-            seen = torch.ones(n_points, n_points, dtype=torch.bool, device=states.device).tril()  # j <= i
-            erase_weights = scores.masked_fill(~seen, float("-inf")).softmax(dim=-1)
+            erase_weights = scores.masked_fill(~erase_mask, float("-inf")).softmax(dim=-1)
             out = out + self.erase_output(erase_weights @ self.erase_value(states))
-            weights.append(erase_weights)
-        return out, torch.stack(weights, dim=1)
+            weights.append(erase_weights.expand_as(update_weights))
+        return out, torch.stack(weights, dim=-3)
 
 
 class GDCrossAttention(nn.Module):
@@ -198,12 +224,17 @@ class GDTransformerBlock(GradientCheckpointingLayer):
         )
 
     def forward(
-        self, states: torch.Tensor, label_slots: torch.Tensor, class_embeddings: torch.Tensor
+        self,
+        states: torch.Tensor,
+        label_slots: torch.Tensor,
+        class_embeddings: torch.Tensor,
+        update_mask: torch.Tensor,
+        erase_mask: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``states (B, N, state_width)``, ``label_slots (B, N, d')``, centred ``class_embeddings (d', C)`` →
-        (new states, self-attention weights ``(B, heads, N, N)``)."""
+        """``states (..., N, state_width)``, ``label_slots (..., N, d')``, centred ``class_embeddings (d', C)``, the
+        heads' masks (:class:`GDSelfAttention`) → (new states, self-attention weights ``(..., heads, N, N)``)."""
         tokens = torch.cat((states, label_slots), dim=-1)
-        update, weights = self.self_attention(states, tokens)
+        update, weights = self.self_attention(states, tokens, update_mask, erase_mask)
         states = states + update
         if self.cross_attention is not None:
             states = states + self.cross_attention(states, class_embeddings)
@@ -242,22 +273,24 @@ class GDTransformerPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
 
 
 class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
-    """Class logits ``W_eᵀ f_i`` at every position of a categorical prompt, from the pairs ``j < i`` and ``x_i``.
+    """Class logits ``W_eᵀ f`` for the queries of a categorical prompt.
 
-    See the module docstring for the layout, the masking and the blocks. A fresh model is randomly initialised
-    (trainable from scratch); :meth:`from_gd_construction` sets the document's construction, which computes
-    ``n_blocks`` steps of functional GD exactly.
+    See the module docstring for the layout, the two kinds of context attention and the blocks. A fresh model is
+    randomly initialised (trainable from scratch); :meth:`from_gd_construction` sets the document's construction,
+    which computes ``n_blocks`` steps of functional GD exactly.
 
     Example::
 
         >>> import torch
         >>> from hf_icl.modeling.gd_transformer import GDTransformerConfig, GDTransformerForInContextClassification
-        >>> model = GDTransformerForInContextClassification(GDTransformerConfig(n_dims=4, n_points=10, n_classes=3,
+        >>> model = GDTransformerForInContextClassification(GDTransformerConfig(n_dims=4, n_points=11, n_classes=3,
         ...                                                                     embed_dim=8, n_blocks=2))
-        >>> xs, ys = torch.randn(2, 10, 4), torch.randint(3, (2, 10))
-        >>> out = model(xs, ys)
+        >>> xs, ys = torch.randn(2, 11, 4), torch.randint(3, (2, 11))
+        >>> out = model(xs, ys, n_context=10)  # the document's prompt: 10 context pairs, one query
         >>> out.logits.shape, out.loss.shape
-        (torch.Size([2, 10, 3]), torch.Size([]))
+        (torch.Size([2, 1, 3]), torch.Size([]))
+        >>> model(xs, ys).logits.shape  # every position as the query of its own prefix
+        torch.Size([2, 11, 3])
     """
 
     def __init__(self, config: GDTransformerConfig):
@@ -271,46 +304,110 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
         xs: torch.Tensor,
         ys: torch.Tensor,
         loss_positions: torch.Tensor | list[int] | None = None,
+        n_context: int | None = None,
         output_hidden_states: bool | None = None,
         output_attentions: bool | None = None,
         check_inputs: bool = True,
         **kwargs,
     ) -> ICLOutput:
-        """Logits ``(B, N, n_classes)`` at every position of the prompts ``xs (B, N, n_dims)``, ``ys (B, N)`` (class
-        ids), and the cross-entropy over the chosen positions.
+        """Class logits for the prompts ``xs (B, N, n_dims)``, ``ys`` (class ids), in one of two protocols.
+
+        * ``n_context=None`` (default): every position ``i`` is predicted from the pairs ``j < i`` (the package's
+          all-prefix protocol), ``logits (B, N, n_classes)``; ``ys`` is ``(B, N)`` and the cross-entropy is over
+          ``loss_positions`` (a ``(N,)`` bool mask or indices; default all). With ``context_attention="full"`` the
+          prompt runs once per prefix in one batch (``N×`` the work of one pass; see the module docstring).
+        * ``n_context=m`` (``0 <= m < N``; ``context_attention="full"`` only): the document's prompt, ``m`` context
+          pairs then the queries ``m..N-1``, each read from the whole context and never from another query;
+          ``logits (B, N - m, n_classes)``. ``ys`` is ``(B, N)`` (the query labels enter the loss only) or
+          ``(B, m)`` (context labels only, no loss); ``loss_positions`` is not used.
 
         Args:
-            loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
-            output_hidden_states: also return the states ``(B, N, state_width)`` before the first block and after
-                each block.
-            output_attentions: also return each block's self-attention weights ``(B, heads, N, N)`` (head 1's
-                kernel weights, then head 2's).
+            output_hidden_states: also return the states before the first block and after each block: ``(B, N,
+                state_width)``, or ``(B, N, N, state_width)`` (copy ``p``, token ``t``) for the all-prefix protocol
+                with full context attention.
+            output_attentions: also return each block's self-attention weights (head 1's kernel weights, then head
+                2's), ``(B, heads, N, N)`` or, for the copies of the all-prefix protocol, ``(B, N, heads, N, N)``.
             check_inputs: check the prompt's values (finite ``xs``, class ids in ``[0, n_classes)``) at the cost of
                 one device sync; shapes, dtypes and devices are checked either way.
         """
         config = self.config
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         W_e = self.class_embedding.weight
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=W_e.device)
+        if n_context is None:
+            check_model_prompt(config, xs, ys, check_values=check_inputs, device=W_e.device)
+            targets, loss_mask = ys, loss_mask_for(loss_positions, xs.shape[1], xs.device)
+        else:
+            ys, targets = self._check_context_query(xs, ys, n_context, loss_positions, check_inputs)
+            loss_mask = None
         output_hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
         output_attentions = config.output_attentions if output_attentions is None else output_attentions
 
+        n_points = xs.shape[1]
         centred = self.class_embedding.centred()
         label_slots = centred.T[ys.long()]  # (B, N, d'): w_{e,y_j} − w̄_e
         states = self.initial_states(xs)
+        copies = n_context is None and config.context_attention == "full"
+        if copies:  # copy p: the pairs before p are its context, p its query
+            update_mask, erase_mask = prefix_masks(n_points, xs.device)
+            states = states.unsqueeze(1).expand(-1, n_points, -1, -1)
+            label_slots = label_slots.unsqueeze(1).expand(-1, n_points, -1, -1)
+        elif n_context is None:
+            update_mask = causal_context_mask(n_points, xs.device)  # j < i
+            erase_mask = update_mask | torch.eye(n_points, dtype=torch.bool, device=xs.device)  # j <= i
+        else:
+            update_mask, erase_mask = context_query_masks(n_points, n_context, xs.device)
         all_states, all_weights = [states], []
         for block in self.blocks:
-            states, weights = block(states, label_slots, centred)
+            states, weights = block(states, label_slots, centred, update_mask, erase_mask)
             all_states.append(states)
             all_weights.append(weights)
-        logits = states[..., latent_slot(config)] @ W_e
-        loss = categorical_loss(logits, ys, loss_mask_for(loss_positions, xs.shape[1], xs.device))
+        latents = states[..., latent_slot(config)]
+        if copies:
+            latents = latents.diagonal(dim1=1, dim2=2).transpose(1, 2)  # copy p's token p: (B, N, d')
+        elif n_context is not None:
+            latents = latents[:, n_context:]
+        logits = latents @ W_e
+        loss = None if targets is None else categorical_loss(logits, targets, loss_mask)
         return ICLOutput(
             loss=loss,
             logits=logits,
             hidden_states=tuple(all_states) if output_hidden_states else None,
             attentions=tuple(all_weights) if output_attentions else None,
         )
+
+    def _check_context_query(self, xs, ys, n_context, loss_positions, check_inputs) -> tuple:
+        """Check a context/query prompt; return ``(ys (B, N) with placeholders for absent query labels, the query
+        targets (B, N - m) or None)``."""
+        config = self.config
+        if config.context_attention != "full":
+            raise ValueError(
+                "n_context (context pairs read by every token, queries by none) is the document's protocol; it needs "
+                f"context_attention='full', got context_attention={config.context_attention!r} with n_context="
+                f"{n_context!r}"
+            )
+        if loss_positions is not None:
+            raise ValueError(
+                "loss_positions applies to the all-prefix protocol (n_context=None); with n_context the loss is over "
+                f"the query positions, got loss_positions={loss_positions!r}"
+            )
+        n_points = xs.shape[1] if isinstance(xs, torch.Tensor) and xs.ndim == 3 else None
+        if isinstance(n_context, bool) or not isinstance(n_context, int):
+            raise ValueError(f"n_context must be an integer or None, got {n_context!r} ({type(n_context).__name__})")
+        if n_points is not None and not 0 <= n_context < n_points:
+            raise ValueError(
+                f"n_context must be in [0, {n_points - 1}] for prompts of {n_points} points (at least one query), "
+                f"got {n_context}"
+            )
+        context_only = isinstance(ys, torch.Tensor) and n_points is not None and ys.shape == (xs.shape[0], n_context)
+        if context_only:  # the query labels are placeholders, read by nothing
+            ys = torch.cat([ys, ys.new_zeros(xs.shape[0], n_points - n_context)], dim=1)
+        elif isinstance(ys, torch.Tensor) and isinstance(xs, torch.Tensor) and ys.shape != xs.shape[:2]:
+            raise ValueError(
+                f"ys must have shape {tuple(xs.shape[:2])} (context and query labels: the loss is computed) or "
+                f"{(xs.shape[0], n_context)} (context labels only) with n_context={n_context}, got {tuple(ys.shape)}"
+            )
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.class_embedding.weight.device)
+        return ys, (None if context_only else ys[:, n_context:])
 
     def initial_states(self, xs: torch.Tensor) -> torch.Tensor:
         """The states before the first block, ``(x_i, f = 0, scratch = 0)``, in the model's dtype."""
@@ -334,8 +431,9 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
                 ``normalize_by_count``, ``normalize_attention``, ``simplified``, ``use_feed_forward``, …);
                 ``erase_temperature`` defaults to :data:`CONSTRUCTION_ERASE_TEMPERATURE`.
 
-        The logits equal :func:`~hf_icl.modeling.gd_transformer.functional_gd_logits` with the same arguments (to
-        rounding). The feed-forward layers, if any, get a zero output layer.
+        The logits equal :func:`~hf_icl.modeling.gd_transformer.functional_gd_logits` with the same arguments and
+        protocol (``n_context``), or :func:`~hf_icl.modeling.gd_transformer.causal_functional_gd_logits` with
+        ``context_attention="causal"`` (to rounding). The feed-forward layers, if any, get a zero output layer.
 
         Example::
 
@@ -344,8 +442,8 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
             >>> W_e = torch.randn(6, 3, dtype=torch.float64)
             >>> model = GDTransformerForInContextClassification.from_gd_construction(2, 0.5, "softmax", W_e, n_dims=4)
             >>> xs, ys = torch.randn(2, 9, 4, dtype=torch.float64), torch.randint(3, (2, 9))
-            >>> reference = functional_gd_logits(xs, ys, W_e, n_steps=2, learning_rate=0.5)
-            >>> torch.allclose(model(xs, ys).logits, reference)
+            >>> reference = functional_gd_logits(xs, ys, W_e, n_steps=2, learning_rate=0.5, n_context=6)
+            >>> torch.allclose(model(xs, ys, n_context=6).logits, reference)
             True
         """
         check_int("n_steps", n_steps, low=1)

@@ -29,8 +29,11 @@ class LinearGPTConfig(PretrainedConfig):
     Args:
         n_positions: learned positions; ``None`` (the default) gives ``2 * n_points``, the tokens of the
             longest prompt. A language model sets it to its context length.
-        linear_attention_feature_map: φ, one of ``FEATURE_MAPS`` (default ``"squared_relu"``, the study's
-            ``ReLU(x)²``); ``"quadratic"`` needs ``n_embd / n_head <= 32``.
+        linear_attention_feature_map: φ, one of ``FEATURE_MAPS``: ``"squared_relu"`` (the default, the study's
+            ``ReLU(x)²``), ``"relu"``, ``"elu_plus_one"``, ``"identity"``, ``"quadratic"`` (the study's appendix
+            map ``[1, x_i, x_i x_j for i ≤ j]``, width ``1 + D + D(D+1)/2``) or ``"quadratic_full"``
+            (``[1, x, vec(x ⊗ x)]``, width ``1 + D + D²``, kernel ``1 + q·k + (q·k)²``); the two quadratic maps
+            need ``n_embd / n_head <= 32``.
         linear_attention_eps: > 0, added to the denominator.
         linear_attention_normalize: divide by ``φ(q_t)ᵀ z_t + eps`` (the study does).
         linear_attention_mode: ``"parallel"``, ``"recurrent"`` or ``"chunked"`` (default): the same function,
@@ -127,7 +130,7 @@ class LinearGPTConfig(PretrainedConfig):
                 f"linear_attention_backend={self.linear_attention_backend!r} runs linear_attention_mode='chunked' "
                 f"only, got linear_attention_mode={self.linear_attention_mode!r}"
             )
-        try:  # the quadratic map is 1 + D + D² wide: feature_dim refuses heads wider than 32
+        try:  # the quadratic maps are O(D²) wide: feature_dim refuses heads wider than 32
             feature_dim(self.linear_attention_feature_map, self.n_embd // self.n_head)
         except ValueError as err:
             raise ValueError(
