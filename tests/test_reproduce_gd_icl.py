@@ -63,7 +63,11 @@ def test_synthetic_writes_tables_plots_claims_and_numbers(finished):
         assert (path.parent / f"gd-icl_synthetic_{name}.png").stat().st_size > 0
     result = summary(path)
     claims = result["claims"]
-    assert len(claims) == 6 and all(c["verdict"] in VERDICTS for c in claims)
+    assert len(claims) == 7 and all(c["verdict"] in VERDICTS for c in claims)
+    assert "stationary point" in claims[-1]["claim"] and "a stationary point of the loss?" in text
+    stationarity = result["numbers"]["synthetic"]["stationarity"]
+    assert sorted(stationarity) == ["gd_rbf_1", "gd_softmax_1", "gd_softmax_2", "gd_softmax_6"]
+    assert all(r["noise_floor"] > 0 for v in stationarity.values() for r in v["gd"] + v["init"])
     numbers = result["numbers"]["synthetic"]
     names = [s.name for s in gd_icl.synthetic_specs(TINY)]
     assert sorted(numbers["metrics"]) == sorted(names)
@@ -243,6 +247,7 @@ def test_relevant_groups_are_the_heads_that_change_the_logits():
         ([0.10, 0.20, 0.30], "holds"),  # matches GD (0.3) only at L = 50000 > 25000
         ([0.30, 0.30, 0.30], "does not hold"),  # already at L = 1000
         ([0.10, 0.10, 0.10], "not testable at this size"),  # never
+        ([0.10, 0.20, 0.30, "nothing"], "not testable at this size"),  # matches, but its NLL stayed at chance's
     ],
 )
 def test_needs_more_tasks_verdicts(tmp_path, trained, expected):
@@ -251,7 +256,13 @@ def test_needs_more_tasks_verdicts(tmp_path, trained, expected):
     ctx = gd_icl.Context(scale, tmp_path, tmp_path, report)
     gd = gd_icl.ModelSpec("gd", "softmax", 2, 1, 0.1)
     tf = gd_icl.ModelSpec("trained", "softmax", 2, 1, 0.1)
-    metrics = {gd.name: {"accuracy": [[0.3, 0.3]] * 3}, tf.name: {"accuracy": [[a, a] for a in trained]}}
+    learned = [[2.0, 2.0]] * 3  # NLL well below chance's log 25 = 3.22
+    nothing = trained[-1] == "nothing"
+    trained = trained[:3]
+    metrics = {
+        gd.name: {"accuracy": [[0.3, 0.3]] * 3, "nll": learned},
+        tf.name: {"accuracy": [[a, a] for a in trained], "nll": [[3.2, 3.2]] * 3 if nothing else learned},
+    }
     by = {("gd", "softmax", 2): gd, ("trained", "softmax", 2): tf}
     gd_icl._needs_more_tasks_claim(ctx, by, metrics, 2, 25000, ("softmax",))
     assert report.claims[0].verdict == expected
@@ -376,3 +387,30 @@ def test_run_rejects_mlp_steps_and_unknown_experiments():
         gd_icl.run("figure9", scale=TINY)
     with pytest.raises(ValueError, match="training_set must be one of"):
         gd_icl.SyntheticScale(training_set="fresh")
+
+
+def test_loss_gradient_is_the_full_batch_gradient_with_its_standard_error_over_chunks():
+    from hf_icl.reproduce.gd_icl_stationary import GIVEN, loss_gradient
+
+    torch.manual_seed(0)
+    model = GDTransformerForInContextClassification.from_gd_construction(2, 0.5, "softmax", torch.randn(4, 3).double(),
+                                                                         n_dims=2)  # fmt: skip
+    xs, ys = torch.randn(30, 5, 2, dtype=torch.float64), torch.randint(3, (30, 5))
+    result = loss_gradient(model, xs, ys, n_context=4, chunks=3)
+    names = [n for n, _ in model.named_parameters() if n not in GIVEN]
+    params = dict(model.named_parameters())
+
+    def gradient(rows):  # written out: autograd of the loss on these prompts, flattened in parameter order
+        loss = model(xs[rows], ys[rows], n_context=4).loss
+        return torch.cat([g.flatten() for g in torch.autograd.grad(loss, [params[n] for n in names])])
+
+    chunks = torch.stack([gradient(slice(10 * c, 10 * c + 10)) for c in range(3)])
+    # equal chunks: the mean of their gradients is the gradient of the mean loss over all 30 prompts
+    torch.testing.assert_close(chunks.mean(0).norm().item(), gradient(slice(0, 30)).norm().item())
+    assert result.gradient_norm == pytest.approx(float(gradient(slice(0, 30)).norm()), rel=1e-10)
+    deviations = chunks - chunks.mean(0)
+    standard_error = (deviations.square().sum(0) / 2 / 3).sqrt()  # sample variance (n − 1) over n chunks
+    assert result.noise_floor == pytest.approx(float(standard_error.norm()), rel=1e-10)
+    assert result.n_prompts == 30 and result.ratio == pytest.approx(result.gradient_norm / result.noise_floor)
+    with pytest.raises(ValueError, match="chunks must be at most the number of prompts"):
+        loss_gradient(model, xs[:2], ys[:2], n_context=4, chunks=3)
