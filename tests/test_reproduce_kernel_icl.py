@@ -12,7 +12,7 @@ from scipy.stats import spearmanr
 
 from hf_icl.data.tasks import get_task
 from hf_icl.reproduce import kernel_icl
-from hf_icl.reproduce.runs import VERDICTS
+from hf_icl.reproduce.runs import VERDICTS, Report
 
 TINY = kernel_icl.Scale(
     seeds=(3, 4),
@@ -58,6 +58,38 @@ def test_all_writes_both_tables_every_insight_and_the_figures(finished):
     assert len(numbers["table2"]) == 9  # eight models and KRR
     # the learned column parameters are reported for the four column-attention models, one dict per seed
     assert sorted(numbers["learned_column_parameters"]) == sorted(f"col_{k}" for k in kernel_icl.ROW_KERNELS)
+
+
+def test_the_trivial_predictor_is_written_stored_and_scored_on_the_tables_targets(finished):
+    """Both tables carry a zero-predictor row; results.json holds its MSE per seed, which is the mean clean target²
+    of Table 1's queries and of Table 2's held-out query points."""
+    _, path = finished
+    text = path.read_text()
+    table1_text, table2_text = text.split("## Table 1")[1].split("## Table 2")
+    assert f"| *{kernel_icl.TRIVIAL_LABEL}* |" in table1_text
+    assert f"| *{kernel_icl.TRIVIAL_LABEL}* |" in table2_text
+    numbers = json.loads((path.parent / "results.json").read_text())["numbers"]
+    trivial = numbers["trivial"]
+    assert trivial["predictor"] == "zero"
+    sine = torch.sin(torch.linspace(-3, 3, TINY.query_points, dtype=torch.float64))
+    assert trivial["table1"] == pytest.approx([float(sine.square().mean())] * len(TINY.seeds), rel=1e-12)
+    expected = []
+    for seed in TINY.seeds:
+        task = get_task("latent_group_sinusoid", n_dims=TINY.n_dims)
+        generator = torch.Generator().manual_seed(123 + seed)
+        n = TINY.eval_context
+        _, _, params = task.sample(TINY.eval_tasks, n + TINY.eval_queries, generator=generator, return_params=True)
+        expected.append(float(params["signal"][:, n:].double().square().mean()))
+    assert trivial["table2"] == pytest.approx(expected, rel=1e-6)
+    assert {t: v.tolist() for t, v in kernel_icl.trivial_errors(TINY).items()} == {
+        t: trivial[t] for t in ("table1", "table2")
+    }
+    assert set(numbers["context_mean"]) == {"table1", "table2"}
+    # four steps teach the Table-2 models nothing: the rule makes every claim about them not testable
+    claims = {c["claim"][:2]: c for c in json.loads((path.parent / "results.json").read_text())["claims"]}
+    for key in ("5.", "6.", "7."):
+        assert claims[key]["verdict"] == "not testable at this size"
+        assert "learned nothing" in claims[key]["measured"]
 
 
 def test_table1_numbers_are_the_methods_errors_on_the_seed_prompt(finished):
@@ -125,6 +157,59 @@ def test_context_query_batch_has_noisy_context_and_clean_query_targets():
     assert torch.equal(targets[:, :7], ys2[:, :7])
     assert torch.equal(targets[:, 7:], params["signal"][:, 7:])
     assert not torch.equal(targets[:, 7:], ys2[:, 7:])  # the noise is real (σ = 0.1)
+
+
+def _documents_context(tmp_path, **overrides) -> kernel_icl.Context:
+    """A context whose tables hold the document's numbers in both of two seeds (``overrides`` replace a method's
+    MSE), with trivial errors 0.5 (Table 1) and 0.9 (Table 2): no training, only the claim code."""
+    scale = kernel_icl.Scale(seeds=(1, 2))
+    report = Report(kernel_icl.PAPER, "test", "test", "test", "test", tmp_path)
+    ctx = kernel_icl.Context(scale, tmp_path, tmp_path / "runs", report)
+    table1 = {name: document for name, (_, _, document) in kernel_icl.TABLE1.items()} | {"dual_ridge": 0.1713}
+    table2 = {kernel_icl.grid_name(k, c): v for (k, c), v in kernel_icl.TABLE2.items()} | {"krr": kernel_icl.TABLE2_KRR}
+    ctx.table1 = {k: torch.full((2,), overrides.get(k, v), dtype=torch.float64) for k, v in table1.items()}
+    ctx.table2 = {k: torch.full((2, 3), overrides.get(k, v), dtype=torch.float64) for k, v in table2.items()}
+    ctx.trivial = {
+        "table1": torch.full((2,), 0.5, dtype=torch.float64),
+        "table2": torch.full((2,), 0.9, dtype=torch.float64),
+    }
+    return ctx
+
+
+def _verdicts(ctx) -> dict[str, str]:
+    kernel_icl._ranking_claim(ctx)
+    kernel_icl.insights(ctx)
+    return {c.claim.split(" ")[0] if c.claim[0].isdigit() else "ranking": c.verdict for c in ctx.report.claims}
+
+
+def test_the_documents_numbers_hold_every_claim_and_subjects_are_typed(tmp_path):
+    ctx = _documents_context(tmp_path)
+    assert set(_verdicts(ctx).values()) == {"holds"}
+    kinds = {s.name: s.kind for s in kernel_icl.subjects(ctx, "pretrained", "ridge", "cosine", "row_ga", "krr")}
+    assert kinds == {
+        "Pre-trained attention head": "model",
+        "Ridge (λ = 1)": "baseline",
+        "Cosine ICL": "baseline",
+        "Row GA": "model",
+        "KRR (Table 2)": "baseline",
+    }
+
+
+@pytest.mark.parametrize(
+    "override, untestable",
+    [
+        ({"row_softmax": 0.82}, {"5.", "6.", "7."}),  # a model above 0.9 × trivial learned nothing
+        ({"ridge": 0.6, "dual_ridge": 0.6}, {"ranking"}),  # a baseline worse than the zero predictor
+        ({"pretrained": 0.46}, {"ranking", "3.", "4."}),  # whatever the direction: claim 3 would not hold here
+    ],
+)
+def test_a_subject_that_fails_the_rule_makes_its_claims_not_testable(tmp_path, override, untestable):
+    ctx = _documents_context(tmp_path, **override)
+    verdicts = _verdicts(ctx)
+    assert {k for k, v in verdicts.items() if v == "not testable at this size"} == untestable
+    assert all(verdicts[k] == "holds" for k in verdicts.keys() - untestable)
+    reasons = [c.measured for c in ctx.report.claims if c.verdict == "not testable at this size"]
+    assert all("trivial predictor" in r for r in reasons)
 
 
 @pytest.mark.parametrize("order", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]])

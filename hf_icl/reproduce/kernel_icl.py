@@ -12,6 +12,11 @@ context/query protocol (``n_context=``) with the document's recipe (Adam 1e-3, b
 targets), the seeds of one architecture as one stacked model (:class:`~.seed_ensemble.SeedEnsemble`) and all
 architectures in one loop over steps on shared batches. The classical estimators are the package's, called in the
 same protocol (``predict_queries``).
+
+Every claim about a model or a baseline is judged by the package's testability rule (:func:`~.runs.judge`) against
+the trivial predictor on the same evaluation data: the zero predictor (always 0, the package's convention,
+:meth:`~hf_icl.evaluation.metrics.PositionMetric.trivial_per_prompt`), scored against the same clean targets as the
+methods. The context-mean predictor (the mean of the prompt's context labels) is reported beside it for reference only.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import math
 import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from multiprocessing import get_context
 from pathlib import Path
 
@@ -30,8 +35,9 @@ from safetensors.torch import load_file, save_file
 
 from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
+from ..evaluation.metrics import metric_for_task
 from ..training.checkpoints import quiet_progress
-from .runs import Experiment, Report, log, seed_interval, usable_cores
+from .runs import Experiment, Report, Subject, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble
 
 PAPER = "kernel-icl"
@@ -62,6 +68,10 @@ TABLE2 = {
     ("ga", True): 0.0720,
 }
 TABLE2_KRR = 0.1165
+#: the trivial predictor of the testability rule, as the tables and claims name it
+TRIVIAL_LABEL = "trivial (zero predictor)"
+#: Table-1 methods that are trained models (the rest are classical estimators: baselines to the rule)
+TABLE1_MODELS = ("pretrained",)
 
 
 @dataclass(frozen=True)
@@ -132,6 +142,56 @@ def context_query_batch(task, batch: int, n_context: int, n_queries: int, genera
     xs, ys, params = task.sample(batch, n_context + n_queries, generator=generator, return_params=True)
     targets = torch.cat([ys[:, :n_context], params["signal"][:, n_context:]], dim=1)
     return xs, targets
+
+
+def table2_eval_batch(scale: Scale, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The seed's held-out Table-2 tasks: ``xs (tasks, context + queries, d)`` and targets (noisy context labels,
+    clean query targets)."""
+    task = get_task("latent_group_sinusoid", n_dims=scale.n_dims)
+    generator = torch.Generator().manual_seed(123 + seed)
+    return context_query_batch(task, scale.eval_tasks, scale.eval_context, scale.eval_queries, generator)
+
+
+# -- the trivial predictor -----------------------------------------------------------------------------------------
+def zero_predictor_mse(task_name: str, n_dims: int, targets: torch.Tensor) -> torch.Tensor:
+    """The zero predictor's MSE over the last dim of ``targets`` (the package's trivial predictor of a regression
+    task, scored with the task's own metric, whose normaliser is 1 for the sinusoid families)."""
+    metric = metric_for_task(get_task(task_name, n_dims=n_dims))
+    return metric.trivial_per_prompt(targets.double()).mean(-1)
+
+
+def table1_references(scale: Scale) -> dict[str, torch.Tensor]:
+    """Per seed ``(seeds,)``: the zero predictor's and the context-mean predictor's MSE on Table 1's 100 queries,
+    against the clean sine the methods are scored on."""
+    zero, context_mean = [], []
+    for seed in scale.seeds:
+        data = sine_prompt(scale, seed)
+        targets = data["query_y"][0]
+        zero.append(float(zero_predictor_mse("sinusoid", 1, targets)))
+        context_mean.append(float((data["context_y"][0].mean() - targets).square().mean()))
+    return {
+        "zero": torch.tensor(zero, dtype=torch.float64),
+        "context_mean": torch.tensor(context_mean, dtype=torch.float64),
+    }
+
+
+def table2_references(scale: Scale) -> dict[str, torch.Tensor]:
+    """Per seed and held-out task ``(seeds, tasks)``: the zero predictor's and the context-mean predictor's MSE on
+    Table 2's query points, against the clean targets the models and KRR are scored on."""
+    zero, context_mean = [], []
+    n = scale.eval_context
+    for seed in scale.seeds:
+        _, ys = table2_eval_batch(scale, seed)
+        targets = ys[:, n:].double()
+        zero.append(zero_predictor_mse("latent_group_sinusoid", scale.n_dims, targets))
+        context_mean.append((ys[:, :n].double().mean(1, keepdim=True) - targets).square().mean(1))
+    return {"zero": torch.stack(zero), "context_mean": torch.stack(context_mean)}
+
+
+def trivial_errors(scale: Scale) -> dict[str, torch.Tensor]:
+    """The trivial (zero) predictor's MSE per seed ``(seeds,)`` on each table's evaluation data: data generation
+    only, no training (what re-judges a finished run's claims)."""
+    return {"table1": table1_references(scale)["zero"], "table2": table2_references(scale)["zero"].mean(1)}
 
 
 # -- training: every architecture, every seed, one loop per process ------------------------------------------------
@@ -310,14 +370,23 @@ def table1(ctx: Context) -> None:
         for name, prediction in predictions.items():
             per_seed[name].append(float((prediction - data["query_y"][0]).square().mean()))
     ctx.table1 = {k: torch.tensor(v, dtype=torch.float64) for k, v in per_seed.items()}
+    references = table1_references(scale)
+    _set_trivial(ctx, "table1", references["zero"], references["context_mean"])
     rows = []
     for name, (label, kernel, document) in TABLE1.items():
         mean, half = seed_interval(ctx.table1[name])
         rows.append(f"| {label} | {kernel} | {document:.4f} | {_pm(mean, half)} | {_seed_values(ctx.table1[name])} |")
+    for label, kernel, values in (
+        (f"*{TRIVIAL_LABEL}*", "predicts 0", references["zero"]),
+        ("*context mean (reference)*", "predicts the mean context label", references["context_mean"]),
+    ):
+        rows.append(f"| {label} | {kernel} | — | {_pm(*seed_interval(values))} | {_seed_values(values)} |")
     report.add(
         "## Table 1: 1-D sin(x), 200 noisy context points, 100 queries (MSE against the clean sine)\n\n"
         "Ours: mean over seeds ± the 95 % t interval; each seed draws its own label noise, random Fourier "
-        "frequencies and pre-trained head (seed 42's frequencies are the document's).\n\n"
+        "frequencies and pre-trained head (seed 42's frequencies are the document's). The trivial predictor of the "
+        "testability rule is the zero predictor on the same queries and clean targets (the same every seed: the "
+        "queries and sin(x) do not depend on it); the context mean is shown for reference only.\n\n"
         "| method | kernel | document | ours | per seed |\n|---|---|---|---|---|\n" + "\n".join(rows)
     )
     report.numbers["table1"] = {k: v.tolist() for k, v in ctx.table1.items()}
@@ -334,6 +403,7 @@ def _ranking_claim(ctx: Context) -> None:
         " > ".join(TABLE1[n][0] for n in document_order),
         f"{' > '.join(TABLE1[n][0] for n in our_order)} (ρ = {rho:.2f})",
         bool(rho >= 0.8),
+        subjects(ctx, *TABLE1),
     )
 
 
@@ -367,13 +437,11 @@ def train_grid(ctx: Context) -> dict[tuple[str, bool], tuple[list[torch.nn.Modul
 def evaluate_grid(ctx: Context, grid) -> dict[str, torch.Tensor]:
     """Per-task MSE ``(seeds, tasks)`` of every grid model and of KRR on each seed's held-out tasks."""
     scale = ctx.scale
-    task = get_task("latent_group_sinusoid", n_dims=scale.n_dims)
     errors = {grid_name(k, c): [] for (k, c) in grid} | {"krr": []}
     krr = KernelRidge(lam=scale.krr_lam, kernel="rbf", bandwidth=scale.krr_bandwidth)
     n = scale.eval_context
     for i, seed in enumerate(scale.seeds):
-        generator = torch.Generator().manual_seed(123 + seed)
-        xs, ys = context_query_batch(task, scale.eval_tasks, n, scale.eval_queries, generator)
+        xs, ys = table2_eval_batch(scale, seed)
         targets = ys[:, n:].double()
         krr_predictions = krr.predict_queries(xs[:, :n].double(), ys[:, :n].double(), xs[:, n:].double())
         errors["krr"].append((krr_predictions - targets).square().mean(1))
@@ -399,15 +467,22 @@ def table2(ctx: Context) -> None:
             f"{_pm(*seed_interval(col))} | {100 * (doc_row - doc_col) / doc_row:+.1f} % | "
             f"{_pm(*(100 * v for v in seed_interval(gain)), digits=1, signed=True)} % |"
         )
+    references = {k: v.mean(1) for k, v in table2_references(scale).items()}  # (seeds,) per predictor
+    _set_trivial(ctx, "table2", references["zero"], references["context_mean"])
     rows.append(
         f"| *KRR (RBF, σ = {scale.krr_bandwidth:g})* | {TABLE2_KRR:.4f} | {_pm(*seed_interval(means['krr']))} "
         "| — | — | — | — |"
+    )
+    rows.append(f"| *{TRIVIAL_LABEL}* | — | {_pm(*seed_interval(references['zero']))} | — | — | — | — |")
+    rows.append(
+        f"| *context mean (reference)* | — | {_pm(*seed_interval(references['context_mean']))} | — | — | — | — |"
     )
     report.add(
         f"## Table 2: d = {scale.n_dims}, 3 features share a latent, y = a·sin(bz + φ)\n\n"
         f"Mean MSE over {scale.eval_tasks} held-out tasks ({scale.eval_context} context + {scale.eval_queries} "
         "query points, clean query targets) per seed; ours: mean over seeds ± 95 % t interval. Improvement: "
-        "(row − col+row) / row, per seed.\n\n"
+        "(row − col+row) / row, per seed. The trivial predictor of the testability rule is the zero predictor on the "
+        "same tasks and clean query targets; the context mean is shown for reference only.\n\n"
         "| row kernel | row only (doc) | row only (ours) | col+row (doc) | col+row (ours) | improvement (doc) | "
         "improvement (ours) |\n|---|---|---|---|---|---|---|\n" + "\n".join(rows)
     )
@@ -451,6 +526,7 @@ def insights(ctx: Context) -> None:
         "cosine 0.0038, pre-trained 0.0039, KRR 0.0042",
         f"cosine below KRR in {cosine_beats_krr}/{seeds} seeds; cosine / pre-trained = {close_to_head:.2f}",
         bool(cosine_beats_krr == seeds and 1 / 1.5 <= close_to_head <= 1.5),
+        subjects(ctx, "cosine", "pretrained", "kernel_ridge"),
     )
     head_wins = int((t1["pretrained"] < t1["raw_attention"]).sum())
     report.claim(
@@ -459,6 +535,7 @@ def insights(ctx: Context) -> None:
         f"in {head_wins}/{seeds} seeds ({_pm(*seed_interval(t1['pretrained']))} vs "
         f"{_pm(*seed_interval(t1['raw_attention']))})",
         bool(head_wins == seeds),
+        subjects(ctx, "pretrained", "raw_attention"),
     )
     means = {k: v.mean(1) for k, v in ctx.table2.items()}
     softmax_row = means["row_softmax"]
@@ -468,6 +545,7 @@ def insights(ctx: Context) -> None:
         "0.0864 / 0.0861 / 0.0862 vs 0.0997",
         ", ".join(f"{k} beats softmax in {n}/{seeds} seeds" for k, n in wins.items()),
         bool(all(n == seeds for n in wins.values())),
+        subjects(ctx, *(grid_name(k, False) for k in ROW_KERNELS)),
     )
     gains = {k: (means[f"row_{k}"] - means[f"col_{k}"]) / means[f"row_{k}"] for k in ROW_KERNELS}
     helped = {k: int((g > 0).sum()) for k, g in gains.items()}
@@ -478,6 +556,7 @@ def insights(ctx: Context) -> None:
             f"{k} {100 * float(g.mean()):+.1f} % (better in {helped[k]}/{seeds} seeds)" for k, g in gains.items()
         ),
         bool(all(n == seeds for n in helped.values())),
+        subjects(ctx, *(grid_name(k, c) for c in (False, True) for k in ROW_KERNELS)),
     )
     best = min(means, key=lambda k: float(means[k].mean()))
     beats_krr = all(bool((means[f"col_{k}"] < means["krr"]).all()) for k in ("cosine", "cayley"))
@@ -488,7 +567,35 @@ def insights(ctx: Context) -> None:
         f"lowest mean: {best} ({float(means[best].mean()):.4f}); Col+Cosine and Col+Cayley below KRR in every seed: "
         f"{beats_krr}",
         bool(best in ("col_cosine", "col_cayley") and beats_krr),
+        subjects(ctx, *(grid_name(k, c) for c in (False, True) for k in ROW_KERNELS), "krr"),
     )
+
+
+# -- testability -----------------------------------------------------------------------------------------------------
+def _set_trivial(ctx: Context, table: str, zero: torch.Tensor, context_mean: torch.Tensor) -> None:
+    """Keep a table's trivial (zero) and context-mean errors per seed on the context and in ``results.json``."""
+    ctx.trivial[table] = zero
+    numbers = ctx.report.numbers
+    numbers.setdefault("trivial", {"predictor": "zero"})[table] = zero.tolist()
+    numbers.setdefault("context_mean", {})[table] = context_mean.tolist()
+
+
+def subjects(ctx: Context, *names: str) -> list[Subject]:
+    """The testability subjects of a claim about ``names``: each method's MSE (mean over seeds, and over held-out
+    tasks in Table 2) against the zero predictor's on the same data. Trained models (the pre-trained head, the Table-2
+    grid) are ``"model"``; the classical estimators (ridge, KRR, Nadaraya–Watson with any kernel) ``"baseline"``."""
+    out = []
+    for name in names:
+        if name in TABLE1:
+            error, table, label = ctx.table1[name], "table1", TABLE1[name][0]
+            kind = "model" if name in TABLE1_MODELS else "baseline"
+        elif name == "krr":
+            error, table, label, kind = ctx.table2[name], "table2", "KRR (Table 2)", "baseline"
+        else:
+            kernel, column = name.split("_", 1)[1], name.startswith("col_")
+            error, table, label, kind = ctx.table2[name], "table2", grid_label(kernel, column), "model"
+        out.append(Subject(label, float(error.mean()), float(ctx.trivial[table].mean()), kind=kind))
+    return out
 
 
 # -- helpers ---------------------------------------------------------------------------------------------------------
@@ -521,6 +628,8 @@ class Context:
     table1: dict | None = None
     table2: dict | None = None
     grid: dict | None = None
+    #: the trivial (zero) predictor's MSE per seed, ``{"table1": (seeds,), "table2": (seeds,)}``
+    trivial: dict = field(default_factory=dict)
     #: the first seed's Table-1 predictions and prompt, and its pre-trained head (for the figures)
     example: tuple | None = None
 
