@@ -37,10 +37,10 @@ def test_compare_runs_every_family_with_its_defaults(task, capsys):
     assert f"prompts of {task} (d=" in out and "| 3 |" in out
 
 
-def test_compare_on_categorical_labels_asks_for_estimators(capsys):
+def test_compare_on_categorical_labels_defaults_to_logistic_regression(capsys):
     argv = ["compare", "--task", "categorical", "--n-points", "4", "--n-prompts", "16"]
-    assert main(argv) == 2
-    assert "--estimators" in capsys.readouterr().err
+    assert main(argv) == 0
+    assert "logistic_regression" in capsys.readouterr().out
     assert main([*argv, "--estimators", "knn"]) == 0
     assert "accuracy, 5–95% bootstrap band" in capsys.readouterr().out
 

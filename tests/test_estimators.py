@@ -66,11 +66,19 @@ PROTOCOL_KWARGS = {
     "optimal_ridge": {"noise_std": 0.5},
     "two_layer_nn": {"hidden": 8, "steps": 20},
     "xgboost": {"n_estimators": 5},
+    # a pool {w, -w} of mean 0, so dMMSE's position-0 prediction (the pool's mean weight times x_0) is 0 too
+    "dmmse": {"weights": torch.tensor([[1.0, -0.5, 2.0], [-1.0, 0.5, -2.0]]), "noise_std": 0.5},
 }
+#: Estimators that read ±1 labels: the protocol tests give them the signs of the regression targets.
+CLASSIFIERS = {"logistic_regression"}
 
 
 def build(name):
     return get_estimator(name, **PROTOCOL_KWARGS.get(name, {}))
+
+
+def protocol_labels(name, ys):
+    return torch.sign(ys) if name in CLASSIFIERS else ys
 
 
 # --------------------------------------------------------------------------- protocol
@@ -80,7 +88,7 @@ def build(name):
 @pytest.mark.parametrize("dtype", [torch.float32, F64])
 def test_shape_dtype_and_zero_at_position_zero(name, dtype):
     xs, ys = linear_prompts(2, 7, 3, noise_std=0.1, seed=1, dtype=dtype)
-    preds = build(name)(xs, ys)
+    preds = build(name)(xs, protocol_labels(name, ys))
     assert preds.shape == (2, 7)
     assert preds.dtype == dtype
     assert torch.isfinite(preds).all()
@@ -95,7 +103,8 @@ def test_position_i_ignores_later_examples(name):
     changed_xs[:, cut + 1 :] = torch.randn(2, 8 - cut - 1, 3, dtype=F64)
     changed_ys[:, cut:] += 10.0
     estimator = build(name)
-    before, after = estimator(xs, ys), estimator(changed_xs, changed_ys)
+    before = estimator(xs, protocol_labels(name, ys))
+    after = estimator(changed_xs, protocol_labels(name, changed_ys))
     assert_close(after[:, : cut + 1], before[:, : cut + 1], rtol=1e-9, atol=1e-9)
     assert not torch.allclose(after[:, cut + 1 :], before[:, cut + 1 :])
 
@@ -163,7 +172,8 @@ def test_bad_constructor_arguments_raise(make, fragment):
 def test_registry_names_and_construction():
     assert set(available_estimators()) == {
         "least_squares", "ridge", "optimal_ridge", "lasso", "knn", "averaging", "one_step_gd",
-        "nadaraya_watson", "kernel_ridge", "two_layer_nn", "decision_tree", "xgboost",
+        "nadaraya_watson", "kernel_ridge", "two_layer_nn", "decision_tree", "xgboost", "dmmse",
+        "logistic_regression",
     }  # fmt: skip
     knn = get_estimator("knn", k=5)
     assert isinstance(knn, KNN) and knn.k == 5 and knn.name == "knn(k=5)"

@@ -13,8 +13,10 @@ algebra runs in float64 internally (float32 on MPS, which has no float64). Inval
 
 Few examples
 ------------
-Position 0 has no examples and predicts 0 (the prior mean of y) for EVERY estimator. Beyond
-that each estimator uses whatever examples exist, with these conventions:
+Position 0 has no examples and predicts 0 (the prior mean of y) for every estimator but two:
+:class:`DMMSE`, whose prior is a finite pool of tasks, predicts the pool's mean weight times ``x_0``;
+:class:`LogisticRegression` predicts the uniform distribution (a binary logit of exactly 0, or
+``-log C`` for every class). Beyond that each estimator uses whatever examples exist, with these conventions:
 
 * :class:`LeastSquares`: the minimum-norm least-squares solution (fewer examples than
   dimensions, or collinear inputs, leave the fit underdetermined);
@@ -24,14 +26,20 @@ that each estimator uses whatever examples exist, with these conventions:
 * :class:`Averaging`: the mean over the ``i`` examples; :class:`OneStepGD`: the plain sum;
 * :class:`NadarayaWatson`: the kernel average over the available examples (Hilbert kernel: an
   exact duplicate of ``x_i`` takes all the weight; angular kernels: cosine, Cayley, GA);
-* :class:`TwoLayerNN`, :class:`DecisionTree`, :class:`XGBoost`: fitted to the ``i`` examples.
+* :class:`TwoLayerNN`, :class:`DecisionTree`, :class:`XGBoost`: fitted to the ``i`` examples;
+* :class:`DMMSE`: the posterior mean over its task pool (Raventós et al.'s dMMSE; the exact σ → 0 limit on
+  noiseless pools); :func:`dmmse_for_task` builds it from a task family's ``n_tasks`` pool;
+* :class:`LogisticRegression`: L2-regularised (``C``), no intercept, over the whole label set, so prefixes that
+  have seen one class, or not every class, still have a unique finite fit. It is the one classifier: ±1
+  labels give ``(B, N)`` logits, class ids (``n_classes=C``) give ``(B, N, C)`` log-probabilities.
 
 Context and queries
 -------------------
 ``estimator.predict_queries(context_xs (B, n, d), context_ys (B, n), query_xs (B, Q, d)) -> (B, Q)``
 predicts every query from all ``n`` context pairs (queries never see each other), as the kernel-regression
-document's ``fit(context).predict(queries)``. Ridge, kernel ridge and Nadaraya–Watson do it in closed form;
-every other estimator through the all-prefix protocol on the prompts ``[context, query]``.
+document's ``fit(context).predict(queries)``. Ridge, kernel ridge, Nadaraya–Watson and dMMSE do it in closed
+form and logistic regression with one fit per prompt (its output is ``(B, Q)`` logits or ``(B, Q, C)``
+log-probabilities); every other estimator through the all-prefix protocol on the prompts ``[context, query]``.
 
 Features
 --------
@@ -49,12 +57,14 @@ Example::
 """
 
 from .base import InContextEstimator
+from .dmmse import DMMSE, dmmse_for_task
 from .features import OnFeatures, RandomFourierFeatures
 from .kernel_ridge import KernelRidge
 from .knn import KNN
 from .lasso import Lasso
 from .least_squares import LeastSquares
 from .linear_probe import linear_probe
+from .logistic_regression import LogisticRegression, LogisticRegressionConvergenceWarning
 from .moments import Averaging, OneStepGD
 from .nadaraya_watson import NadarayaWatson
 from .optimal_ridge import OptimalRidge
@@ -64,6 +74,7 @@ from .tree_models import DecisionTree, XGBoost
 from .two_layer_nn import TwoLayerNN
 
 __all__ = [
+    "DMMSE",
     "Averaging",
     "DecisionTree",
     "InContextEstimator",
@@ -71,6 +82,8 @@ __all__ = [
     "KernelRidge",
     "Lasso",
     "LeastSquares",
+    "LogisticRegression",
+    "LogisticRegressionConvergenceWarning",
     "NadarayaWatson",
     "OnFeatures",
     "OneStepGD",
@@ -80,6 +93,7 @@ __all__ = [
     "TwoLayerNN",
     "XGBoost",
     "available_estimators",
+    "dmmse_for_task",
     "get_estimator",
     "linear_probe",
 ]

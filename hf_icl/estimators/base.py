@@ -14,7 +14,9 @@ class InContextEstimator(ABC):
     An estimator maps a batch of prompts ``xs (B, N, d)``, ``ys (B, N)`` to predictions
     ``(B, N)``, where position ``i`` is predicted from the pairs ``j < i`` and ``x_i`` only
     (``ys[:, i:]`` is never used for position ``i``). Position 0 has no examples and predicts 0,
-    the prior mean of y. The output has the dtype and device of ``xs``.
+    the prior mean of y (a finite task pool's estimator predicts that pool's mean; a classifier that
+    returns class scores ``(B, N, C)`` predicts the uniform distribution). The output has the dtype and
+    device of ``xs``.
 
     :meth:`predict_queries` is the context/query form of the same estimator (the kernel-regression
     document's ``fit(context).predict(queries)``): every query is predicted from all the context pairs.

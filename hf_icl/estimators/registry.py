@@ -6,10 +6,12 @@ import inspect
 from typing import Any
 
 from .base import InContextEstimator
+from .dmmse import DMMSE
 from .kernel_ridge import KernelRidge
 from .knn import KNN
 from .lasso import Lasso
 from .least_squares import LeastSquares
+from .logistic_regression import LogisticRegression
 from .moments import Averaging, OneStepGD
 from .nadaraya_watson import NadarayaWatson
 from .optimal_ridge import OptimalRidge
@@ -30,6 +32,8 @@ ESTIMATORS: dict[str, type[InContextEstimator]] = {
     "two_layer_nn": TwoLayerNN,
     "decision_tree": DecisionTree,
     "xgboost": XGBoost,
+    "dmmse": DMMSE,
+    "logistic_regression": LogisticRegression,
 }
 
 
