@@ -67,7 +67,7 @@ def test_synthetic_writes_tables_plots_claims_and_numbers(finished):
     assert "stationary point" in claims[-1]["claim"] and "a stationary point of the loss?" in text
     stationarity = result["numbers"]["synthetic"]["stationarity"]
     assert sorted(stationarity) == ["gd_rbf_1", "gd_softmax_1", "gd_softmax_2", "gd_softmax_6"]
-    assert all(r["noise_floor"] > 0 for v in stationarity.values() for r in v["gd"] + v["init"])
+    assert all(r["noise_floor"] > 0 for v in stationarity.values() for r in v["gd"] + v["control"])
     numbers = result["numbers"]["synthetic"]
     names = [s.name for s in gd_icl.synthetic_specs(TINY)]
     assert sorted(numbers["metrics"]) == sorted(names)
@@ -414,3 +414,16 @@ def test_loss_gradient_is_the_full_batch_gradient_with_its_standard_error_over_c
     assert result.n_prompts == 30 and result.ratio == pytest.approx(result.gradient_norm / result.noise_floor)
     with pytest.raises(ValueError, match="chunks must be at most the number of prompts"):
         loss_gradient(model, xs[:2], ys[:2], n_context=4, chunks=3)
+
+
+def test_the_control_is_the_construction_with_a_larger_step():
+    from hf_icl.reproduce.gd_icl_stationary import with_step_size_scaled
+
+    W_e = torch.randn(4, 3, dtype=torch.float64)
+    model = GDTransformerForInContextClassification.from_gd_construction(2, 0.4, "rbf", W_e, n_dims=2)
+    reference = GDTransformerForInContextClassification.from_gd_construction(2, 0.6, "rbf", W_e, n_dims=2)
+    xs, ys = torch.randn(3, 6, 2, dtype=torch.float64), torch.randint(3, (3, 6))
+    shifted = with_step_size_scaled(model, 1.5)
+    with torch.no_grad():
+        torch.testing.assert_close(shifted(xs, ys, n_context=5).logits, reference(xs, ys, n_context=5).logits)
+        assert not torch.allclose(model(xs, ys, n_context=5).logits, reference(xs, ys, n_context=5).logits)

@@ -6,8 +6,11 @@ The measurement is the gradient of the query cross-entropy with respect to the t
 fresh prompts of the task it was trained on: the prompts are split into chunks, the mean of the chunk gradients is
 the estimate and its standard error the noise floor. A stationary point's gradient is zero, so its estimate is
 within the noise: ``‖mean‖ / ‖standard error‖`` is about 1 for a zero gradient (each coordinate's mean is then
-noise of the size of its standard error) and grows with the number of prompts for a nonzero one. The gradient at
-a random initialisation of the same architecture gives the scale of a gradient far from any stationary point.
+noise of the size of its standard error) and grows with the number of prompts for a nonzero one. Whether the
+prompts are enough to see a gradient at all is checked on a control: the same model with every step size η scaled
+by :data:`CONTROL_STEP_FACTOR` (:func:`with_step_size_scaled`), a departure from the learned construction along one
+of the directions its training optimised; if the test cannot tell that control's gradient from zero either, the
+measurement cannot decide.
 
 The theorem assumes rotationally invariant inputs and exact expectations; the synthetic task's inputs are uniform on
 a cube, which is not rotationally invariant, so a nonzero gradient here does not contradict the theorem by itself:
@@ -16,6 +19,7 @@ the report says so beside the number.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -27,6 +31,8 @@ from ..validation import check_int
 STATIONARY_RATIO = 3.0
 #: parameters the theorem takes as given (not part of the stationarity claim)
 GIVEN = ("class_embedding.weight",)
+#: the control's departure from the construction: every block's step size η times this
+CONTROL_STEP_FACTOR = 1.5
 
 
 @dataclass(frozen=True)
@@ -79,3 +85,13 @@ def loss_gradient(
     mean = gradients.mean(0)
     standard_error = gradients.std(0, correction=1) / math.sqrt(chunks)
     return Stationarity(float(mean.norm()), float(standard_error.norm()), size * chunks)
+
+
+def with_step_size_scaled(model: torch.nn.Module, factor: float) -> torch.nn.Module:
+    """A copy of a GD-constructed model whose every block takes ``factor`` × its step: head 1's output map (``η``
+    times the identity into f in the construction) scaled by ``factor``; the model itself is left alone."""
+    shifted = copy.deepcopy(model)
+    with torch.no_grad():
+        for block in shifted.blocks:
+            block.self_attention.update_output.weight.mul_(factor)
+    return shifted
