@@ -31,6 +31,7 @@ SYNTHETIC = gd_icl.SyntheticScale(
     gd_steps=4,
     trained_steps=6,
     eval_prompts=40,
+    stationarity_prompts=40,
 )
 FEATURES = gd_icl.FeatureScale(
     n_components=6, n_shots=3, n_queries=2, blocks=(1, 2, 3), embed_dim=4, batch_size=8, steps=4, eval_episodes=6
