@@ -45,9 +45,9 @@ import shlex
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from datetime import date
 from pathlib import Path
+from typing import NamedTuple
 
 #: the linear-regression task of the three regression models: d = 5, 21 points (least squares is exact from 5 on)
 LINEAR_REGRESSION = {"task": "linear_regression", "n_dims": 5, "n_points": 21}
@@ -218,29 +218,35 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-@dataclass
-class TrainingFacts:
-    """What a card says about how its model was trained, kept when the evaluation is rerun alone."""
+class TrainingFacts(NamedTuple):
+    """What a card says about how its model was trained, kept when the evaluation is rerun alone (a NamedTuple, not
+    a dataclass: the tests load this script as a module that is not in ``sys.modules``)."""
 
     on_gpu: bool
     hardware: str
     seconds: float
     date: str
+    #: the options of the script's training run (device, steps scale): the card's retraining command keeps them
+    options: argparse.Namespace
 
 
 def facts_from_card(folder: Path) -> TrainingFacts:
-    """The training facts in the Notes of ``folder/README.md`` (written by :func:`run_notes`)."""
+    """The training facts in ``folder/README.md`` (its Notes, written by :func:`run_notes`, and its training
+    command, written by :func:`script_command`)."""
     text = (folder / "README.md").read_text(encoding="utf-8")
     hardware = re.search(r"^- hardware(?: of training)?: (.+)$", text, flags=re.M)
     seconds = re.search(r"^- wall time of training: .*?\((\d+) s\)", text, flags=re.M)
     day = re.search(r"^- date(?: of training)?: (\S+)$", text, flags=re.M)
-    if not (hardware and seconds and day):
+    command = re.search(r"^## Training\n\n```bash\npython scripts/train_model_zoo\.py (.+)\n```", text, flags=re.M)
+    if not (hardware and seconds and day and command):
         raise ValueError(
-            f"the card {folder / 'README.md'} does not state the hardware, wall time and date of training "
-            "(lines '- hardware: ...', '- wall time of training: ... (N s)', '- date of training: ...'); "
-            "retrain the model with this script instead of rerunning its evaluation alone"
+            f"the card {folder / 'README.md'} does not state the hardware, wall time, date and command of training "
+            "(lines '- hardware: ...', '- wall time of training: ... (N s)', '- date of training: ...' and a "
+            "'python scripts/train_model_zoo.py ...' block under '## Training'); retrain the model with this script "
+            "instead of rerunning its evaluation alone"
         )
-    return TrainingFacts("**CPU size.**" not in text, hardware.group(1), float(seconds.group(1)), day.group(1))
+    options = parse_options(shlex.split(command.group(1)))
+    return TrainingFacts("**CPU size.**" not in text, hardware.group(1), float(seconds.group(1)), day.group(1), options)
 
 
 def run_notes(
@@ -330,7 +336,8 @@ def categorical_references(args, seeds=None, n_prompts: int | None = None) -> st
     )
     return (
         f"References on {where}, accuracy with {examples} examples: "
-        f"logistic regression fitted on each prompt's {examples} pairs (scikit-learn, L2, C = 1) {summary(logistic)}; "
+        f"logistic regression fitted on each prompt's {examples} pairs (scikit-learn, L2, C = 1, with an intercept, "
+        f"over the classes the prompt shows) {summary(logistic)}; "
         f"the Bayes classifier with the task's true weights (the ceiling) {summary(bayes)}; "
         f"chance {1 / task.n_classes:.3f}."
     )
@@ -408,7 +415,7 @@ def evaluate_folder(
         args,
         evaluation,
         scalars=previous["scalars"],
-        command=script_command(folder.name, options),
+        command=script_command(folder.name, training_options(facts.options, options)),
         notes=notes,
         model_id=model_id,
     )
@@ -468,7 +475,9 @@ def train_one(name: str, options: argparse.Namespace) -> dict:
     result = train(args)
     seconds = time.perf_counter() - start
     device = next(result.model.parameters()).device
-    facts = TrainingFacts(device.type == "cuda", hardware_description(device), seconds, date.today().isoformat())
+    facts = TrainingFacts(
+        device.type == "cuda", hardware_description(device), seconds, date.today().isoformat(), options
+    )
     work, shipped = Path(args.output_dir), Path(options.output) / name
     evaluated = evaluate_folder(work, args, options, facts, model=result.model, model_id=str(shipped))
     if shipped.exists():
@@ -504,6 +513,14 @@ def evaluate_one(name: str, options: argparse.Namespace) -> dict:
     summary = {"name": name, **evaluated}
     print(json.dumps(summary), flush=True)
     return summary
+
+
+def training_options(trained: argparse.Namespace, evaluated: argparse.Namespace) -> argparse.Namespace:
+    """The options of a run that trains as ``trained`` did and evaluates as ``evaluated`` does: what the card's
+    training command must say after ``--evaluate-only`` (whose own options know nothing of the training)."""
+    return argparse.Namespace(
+        **{**vars(trained), "eval_prompts": evaluated.eval_prompts, "eval_seeds": evaluated.eval_seeds}
+    )
 
 
 def evaluation_device(options: argparse.Namespace) -> str:

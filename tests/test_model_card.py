@@ -19,12 +19,17 @@ import hf_icl  # noqa: F401  (registers the architectures with the Auto classes)
 from hf_icl.data.tasks import get_task
 from hf_icl.estimators import get_estimator
 from hf_icl.evaluation import evaluate_context_scaling
+from hf_icl.evaluation.metrics import PositionMetric
 from hf_icl.modeling import build_model
 from hf_icl.training import ICLTrainingArguments
 from hf_icl.training.model_card import (
+    card_seeds,
     eval_results_from_context_scaling,
+    evaluate_over_seeds,
+    prediction_interval,
     read_card_results,
     reconstruct_training_command,
+    seed_evaluation_from_curves,
     set_card_model_id,
     usage_snippet,
     write_model_card,
@@ -249,6 +254,9 @@ def test_eval_results_from_a_context_scaling_evaluation_follow_its_curve():
         assert row["metric"] == "squared_error/d"
         assert row["value"] == scaling.values["least_squares"][i].item()
         assert row["lower"] <= row["value"] <= row["upper"]
+        # how the band was made travels with it: one draw of 64 prompts, bootstrapped
+        assert row["n_prompts"] == 64 and row["seeds"] is None
+        assert row["band"] == "5-95 % bootstrap band over the prompts of one draw"
     assert eval_results_from_context_scaling(scaling, "least_squares", positions=[3])[0]["n_examples"] == 3
     with pytest.raises(ValueError, match="predictor must be one of"):
         eval_results_from_context_scaling(scaling, "gpt2_icl")
@@ -277,7 +285,11 @@ def test_pointing_the_snippet_at_a_hub_repo(regression_folder, tmp_path):
         ([{"metric": "", "value": 0.1, "n_examples": 3}], r"eval_results\[0\]\['metric'\]"),
         ([{"metric": "accuracy", "value": 0.9, "n_examples": -1}], r"eval_results\[0\]\['n_examples'\]"),
         ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "lower": 0.95, "upper": 0.8}], "lower <= upper"),
-        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "band": 0.1}], r"unknown keys \['band'\]"),
+        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "interval": 0.1}], r"unknown keys \['interval'\]"),
+        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "band": 0.1}], r"\['band'\] must be a non-empty"),
+        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "seeds": [1, 1]}], "must be distinct"),
+        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "seeds": 3}], r"\['seeds'\] must be a list"),
+        ([{"metric": "accuracy", "value": 0.9, "n_examples": 2, "n_prompts": 0}], r"\['n_prompts'\]"),
         ({"metric": "accuracy"}, "eval_results must be a list"),
     ],
 )
@@ -300,3 +312,112 @@ def test_bad_card_inputs_are_refused(regression_folder, tmp_path):
         usage_snippet("", config)
     with pytest.raises(ValueError, match="has no README.md"):
         read_card_results(tmp_path)
+
+
+# -- bands over evaluation seeds -----------------------------------------------------------------------------------
+def test_prediction_interval_is_the_textbook_formula():
+    values = [1.0, 2.0, 3.0, 4.0, 5.0]
+    # t_{0.975, 4} = 2.7764 (a t table); s = sqrt(2.5); sqrt(1 + 1/5)
+    half = 2.7764451051977987 * math.sqrt(2.5) * math.sqrt(1.2)
+    assert prediction_interval(values) == pytest.approx((3.0, 3.0 - half, 3.0 + half), rel=1e-12)
+    # t_{0.95, 9} = 1.8331 for a 90 % interval from ten values
+    ten = [float(v) for v in range(10)]
+    half = 1.8331129326536335 * torch.tensor(ten).std().item() * math.sqrt(1.1)
+    assert prediction_interval(ten, level=0.9) == pytest.approx((4.5, 4.5 - half, 4.5 + half), rel=1e-6)
+    assert prediction_interval(values, bounds=(0.0, 6.0)) == pytest.approx((3.0, 0.0, 6.0))
+    assert prediction_interval([2.0, 2.0, 2.0]) == (2.0, 2.0, 2.0)  # no spread, no band
+    with pytest.raises(ValueError, match="at least 2 values"):
+        prediction_interval([1.0])
+    with pytest.raises(ValueError, match=r"level must be in \(0, 1\)"):
+        prediction_interval(values, level=1.0)
+
+
+def test_a_fresh_seed_lands_in_the_prediction_band_19_times_in_20():
+    """The rule's promise, simulated: 10 seeds' values and one more, all normal, 20,000 times over. The prediction
+    interval holds the fresh value 95 % of the time; the mean's confidence interval (what a band over one draw's
+    prompts estimates) holds it about half the time."""
+    generator = torch.Generator().manual_seed(0)
+    draws = 100.0 + torch.randn(11, 20_000, generator=generator, dtype=torch.float64)
+    seeds, fresh = draws[:10], draws[10]
+    summary = seed_evaluation_from_curves(
+        {"model": seeds, "trivial": seeds}, PositionMetric("regression", 1.0), list(range(10)), 4096
+    ).result
+    inside = ((summary.lower["model"] <= fresh) & (fresh <= summary.upper["model"])).double().mean().item()
+    assert abs(inside - 0.95) < 0.006, inside  # binomial sd 0.0015
+    half = 2.2621571627409915 * seeds.std(dim=0) / math.sqrt(10)  # the mean's 95 % confidence interval
+    inside_ci = ((fresh - summary.values["model"]).abs() <= half).double().mean().item()
+    assert 0.4 < inside_ci < 0.6, inside_ci
+
+
+def test_evaluate_over_seeds_is_the_mean_and_spread_of_one_evaluation_per_seed(regression_folder, tmp_path):
+    task = get_task("noisy_linear_regression", n_dims=N_DIMS, noise_std=0.1)
+    predictors = {"averaging": get_estimator("averaging"), "least_squares": get_estimator("least_squares")}
+    seeds = card_seeds(11, 3)
+    assert seeds == [11, 12, 13]
+    evaluation = evaluate_over_seeds(predictors, task, seeds, 48, n_points=N_POINTS)
+    single = [evaluate_context_scaling(predictors, task, n_prompts=48, seed=s, n_points=N_POINTS) for s in seeds]
+    result = evaluation.result
+    assert result.n_prompts == evaluation.n_prompts == 48 and evaluation.seeds == seeds
+    assert result.predictors == ["averaging", "least_squares", "trivial"]
+    for name in result.predictors:
+        for i in range(N_POINTS):
+            per_seed = [one.values[name][i].item() for one in single]
+            assert evaluation.per_seed[name][:, i].tolist() == per_seed
+            mean, lower, upper = prediction_interval(per_seed, bounds=(0.0, math.inf))
+            assert (result.values[name][i].item(), result.lower[name][i].item(), result.upper[name][i].item()) == (
+                pytest.approx(mean, rel=1e-12),
+                pytest.approx(lower, rel=1e-12, abs=1e-300),
+                pytest.approx(upper, rel=1e-12),
+            )
+    assert result.lower["least_squares"].min().item() >= 0.0  # squared errors: clipped at 0
+
+    # the card: value and band at each reported position, with the seeds, the prompts per seed and the rule
+    rows = evaluation.eval_results("averaging")
+    write_model_card(regression_folder, training_config(regression_folder), eval_results=rows)
+    parsed = read_card_results(regression_folder)
+    assert [r["n_examples"] for r in parsed] == [1, 2, 5]
+    for row in parsed:
+        i = row["n_examples"]
+        assert row["value"] == pytest.approx(result.values["averaging"][i].item(), rel=1e-12)
+        assert (row["lower"], row["upper"]) == pytest.approx(
+            (result.lower["averaging"][i].item(), result.upper["averaging"][i].item()), rel=1e-12
+        )
+        assert row["seeds"] == seeds and row["n_prompts"] == 48
+        assert row["band"].startswith("95 % prediction interval for one more evaluation seed of 48 prompts")
+    assert "mean over 3 evaluation seeds** (seeds 11–13), each a fresh draw of 48 prompts" in evaluation.describe()
+    assert "t = t(0.975, 2) = 4.303" in evaluation.describe()
+
+    entry = evaluation.entry()  # metrics.json: the summary curves plus every seed's
+    assert entry["seeds"] == seeds and entry["seed"] == 11 and entry["level"] == 0.95
+    assert entry["confidence"] == pytest.approx([0.025, 0.975])
+    assert entry["seed_curves"]["averaging"] == evaluation.per_seed["averaging"].tolist()
+    assert entry["predictors"]["averaging"]["upper"] == result.upper["averaging"].tolist()
+    assert evaluation.plot(tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_accuracy_bands_stay_in_the_unit_interval():
+    per_seed = {"model": [[1.0], [1.0], [0.9]], "trivial": [[0.5], [0.5], [0.5]]}
+    result = seed_evaluation_from_curves(per_seed, PositionMetric("binary"), [0, 1, 2], 100).result
+    assert result.upper["model"].item() == 1.0 and 0.0 <= result.lower["model"].item() < 0.9
+    assert result.lower["trivial"].item() == result.upper["trivial"].item() == 0.5
+
+
+@pytest.mark.parametrize(
+    ("seeds", "message"),
+    [([4], "at least 2 evaluation seeds"), ([4, 4], "must be distinct"), ([4, -1], r"seeds\[1\]")],
+)
+def test_seed_evaluations_refuse_bad_seeds(seeds, message):
+    curves = {"trivial": torch.ones(len(seeds), 3, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=message):
+        seed_evaluation_from_curves(curves, PositionMetric("regression"), seeds, 10)
+    with pytest.raises(ValueError, match=message):
+        evaluate_over_seeds({}, get_task("linear_regression", n_dims=2), seeds, 10, n_points=3)
+
+
+def test_seed_evaluations_refuse_curves_that_do_not_match_the_seeds():
+    with pytest.raises(ValueError, match=r"must all be \(n_seeds=3, N\)"):
+        seed_evaluation_from_curves({"trivial": torch.ones(2, 4)}, PositionMetric("regression"), [0, 1, 2], 10)
+    with pytest.raises(ValueError, match="must hold the 'trivial' curve"):
+        seed_evaluation_from_curves({"model": torch.ones(3, 4)}, PositionMetric("regression"), [0, 1, 2], 10)
+    with pytest.raises(ValueError, match="n_seeds"):
+        card_seeds(0, 1)

@@ -1,5 +1,7 @@
 """The model zoo (models/*, written by scripts/train_model_zoo.py): every shipped checkpoint is small, has a complete
-Hub card, loads with ``AutoModel`` and, on fresh prompts, still scores what its card states at the last position."""
+Hub card, loads with ``AutoModel`` and, on the prompts of a seed its card did not use, scores inside the band its card
+states at the last position (the card's band is a prediction interval for one more evaluation seed of the same size,
+so this is the check a user's own evaluation makes)."""
 
 import importlib.util
 import json
@@ -17,7 +19,7 @@ from transformers import AutoModel
 import hf_icl  # noqa: F401  (registers hf_icl's architectures with the Auto classes)
 from hf_icl.data.tasks import get_task
 from hf_icl.evaluation import evaluate_context_scaling
-from hf_icl.training.model_card import read_card_results, write_model_card
+from hf_icl.training.model_card import card_seeds, prediction_interval, read_card_results, write_model_card
 from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
 MODELS = Path(__file__).resolve().parent.parent / "models"
@@ -37,8 +39,10 @@ ZOO = {name: recipe["model_type"] for name, recipe in zoo_script.RECIPES.items()
 NOT_IN_ZOO = {"niah-retriever"}
 SHIPPED_FILES = set(zoo_script.SHIPPED_FILES)
 MAX_BYTES = 20 * 2**20
-#: the seed of the fresh prompts; each card was evaluated with its training seed + EVAL_SEED_OFFSET (checked apart)
+#: the seed of the fresh prompts: none of the cards' evaluation seeds (training seed + EVAL_SEED_OFFSET + k, checked)
 FRESH_SEED = 424_242
+#: a card's band must come from at least this many evaluation seeds
+MIN_CARD_SEEDS = 5
 
 
 def zoo_folders() -> list[Path]:
@@ -62,7 +66,8 @@ def fresh_task(name: str):
 
 
 def last_position_claim(name: str) -> dict:
-    """The card's result with the most in-context examples: value and 90 % band."""
+    """The card's result with the most in-context examples: the mean over its evaluation seeds, the prediction
+    interval for one more seed (lower, upper), its seeds and the prompts per seed (model-index data)."""
     return max(read_card_results(MODELS / name), key=lambda r: r["n_examples"])
 
 
@@ -101,9 +106,19 @@ def test_card_metadata_and_sections(name):
     if args["task"] == "categorical":  # the references on the same prompts: the model sits between chance and Bayes
         bayes = float(re.search(r"the ceiling\) ([0-9.]+)", text).group(1))
         assert 1 / json.loads(args["task_params"])["n_classes"] < claim["value"] <= claim["upper"] <= bayes
-    # the card's band is the trainer's evaluation of eval_prompts fresh prompts, as metrics.json records
+    # the band: a prediction interval over several evaluation seeds, named in the model-index and in the text
+    seeds = claim["seeds"]
+    assert len(seeds) >= MIN_CARD_SEEDS and seeds == card_seeds(args["seed"] + EVAL_SEED_OFFSET, len(seeds))
+    assert claim["n_prompts"] >= 1000 and "prediction interval" in claim["band"]
+    assert f"mean over {len(seeds)} evaluation seeds** (seeds {seeds[0]}–{seeds[-1]})" in text
+    assert f"each a fresh draw of {claim['n_prompts']} prompts" in text
+    # metrics.json holds every seed's curve: the card's value and band are their mean and prediction interval
     standard = json.loads((MODELS / name / "metrics.json").read_text())["evaluations"]["standard"]
-    assert standard["n_prompts"] == args["eval_prompts"] and standard["seed"] == args["seed"] + EVAL_SEED_OFFSET
+    assert standard["seeds"] == seeds and standard["n_prompts"] == claim["n_prompts"]
+    per_seed = [curve[-1] for curve in standard["seed_curves"][ZOO[name]]]
+    bounds = (0.0, 1.0) if claim["metric"] == "accuracy" else (0.0, float("inf"))
+    mean, lower, upper = prediction_interval(per_seed, level=standard["level"], bounds=bounds)
+    assert (claim["value"], claim["lower"], claim["upper"]) == pytest.approx((mean, lower, upper), rel=1e-12)
 
 
 def direct_last_position_score(
@@ -120,23 +135,21 @@ def direct_last_position_score(
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_fresh_prompts_reproduce_the_cards_last_position_score(name):
+def test_a_fresh_seed_lands_inside_the_cards_band(name):
+    """What a user does: score the model on as many fresh prompts as one of the card's seeds, drawn with a seed the
+    card did not use. The card's band is the 95 % prediction interval for exactly that number, so it must hold it."""
     model, args, task = load(name), training_args(name), fresh_task(name)
     claim = last_position_claim(name)
-    assert FRESH_SEED != args["seed"] + EVAL_SEED_OFFSET  # prompts the card's evaluation did not see
-    n_prompts, n_points = args["eval_prompts"], args["n_points"]
-    fresh = evaluate_context_scaling({"model": model}, task, n_prompts=n_prompts, seed=FRESH_SEED, n_points=n_points)
+    assert FRESH_SEED not in claim["seeds"]  # prompts (and tasks) the card's evaluation did not see
+    n_prompts, n_points = claim["n_prompts"], args["n_points"]  # the evaluation size the band is for
+    fresh = evaluate_context_scaling(
+        {"model": model}, task, n_prompts=n_prompts, seed=FRESH_SEED, n_points=n_points, n_bootstrap=1
+    )
     mean = float(fresh.values["model"][-1])
-    fresh_half_band = (float(fresh.upper["model"][-1]) - float(fresh.lower["model"][-1])) / 2
 
     normalizer = {"squared_error/d": args["n_dims"], "squared_error/1": 1.0, "accuracy": None}[claim["metric"]]
     assert mean == pytest.approx(direct_last_position_score(model, task, n_prompts, n_points, normalizer), rel=1e-9)
-    # The card and this test estimate one mean from two independent sets of prompts. Their 90 % intervals overlap
-    # exactly when the fresh mean lies in the card's band widened by the fresh estimate's own half-band.
-    assert claim["lower"] - fresh_half_band <= mean <= claim["upper"] + fresh_half_band, (mean, claim)
-    # a sanity bound on top: within the card's band ± 10 % of its value
-    slack = 0.1 * abs(claim["value"])
-    assert claim["lower"] - slack <= mean <= claim["upper"] + slack, (mean, claim)
+    assert claim["lower"] <= mean <= claim["upper"], (mean, claim)
 
     trivial = float(fresh.trivial[-1])
     if normalizer is None:  # accuracy: at least twice the chance rate
@@ -177,10 +190,17 @@ def test_shipped_weights_round_trip_bit_exactly(name, tmp_path):
         assert torch.equal(model(xs, ys).loss, reloaded(xs, ys).loss)
 
 
-def test_zoo_readme_lists_every_model():
+def test_zoo_readme_lists_every_model_with_its_cards_band():
     table = (MODELS / "README.md").read_text()
+    assert "95 % prediction interval for one more seed" in table
     for name in ZOO:
-        assert f"[`{name}`]({name}/)" in table
+        (row,) = [line for line in table.splitlines() if line.startswith(f"| [`{name}`]({name}/)")]
+        claim = last_position_claim(name)
+        assert row.endswith(f"**{claim['value']:.3g}** [{claim['lower']:.3g}, {claim['upper']:.3g}] |"), row
+    seeds = {len(last_position_claim(name)["seeds"]) for name in ZOO}
+    prompts = {last_position_claim(name)["n_prompts"] for name in ZOO}
+    assert len(seeds) == len(prompts) == 1
+    assert f"mean over the cards' {seeds.pop()} evaluation seeds, each a fresh draw of {prompts.pop()} prompts" in table
 
 
 def test_write_model_card_refuses_empty_notes(tmp_path):
@@ -260,10 +280,12 @@ def test_card_usage_snippet_runs_as_written(name, tmp_path, capsys):
 
 def test_the_script_trains_ships_and_indexes_a_model(tmp_path, capsys, monkeypatch):
     """A few steps of one recipe through the script: the shipped folder holds only the shipped files, its card
-    names the script's command and the CPU size, and the index lists it; --index-only rebuilds the index alone."""
+    names the script's command, the CPU size and its evaluation seeds, and the index lists it; --index-only
+    rebuilds the index alone; --evaluate-only reruns the card's evaluation without touching the weights."""
     monkeypatch.setenv("ACCELERATE_USE_CPU", "1")  # what --device cpu sets; undone after the test
     output, work = tmp_path / "zoo", tmp_path / "work"
     argv = ["--only", "kernel-icl-sinusoid", "--steps-scale", "0.002", "--eval-prompts", "64", "--device", "cpu"]
+    argv += ["--eval-seeds", "2"]
     zoo_script.main([*argv, "--output", str(output), "--work-dir", str(work)])
     folder = output / "kernel-icl-sinusoid"
     assert {p.name for p in folder.iterdir()} == SHIPPED_FILES
@@ -277,11 +299,40 @@ def test_the_script_trains_ships_and_indexes_a_model(tmp_path, capsys, monkeypat
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     claim = max(read_card_results(folder), key=lambda r: r["n_examples"])
     assert summary["last"]["kernel_icl"] == pytest.approx(claim["value"])
+    assert claim["seeds"] == summary["seeds"] == [EVAL_SEED_OFFSET, EVAL_SEED_OFFSET + 1] and claim["n_prompts"] == 64
+    assert "mean over 2 evaluation seeds** (seeds 7919, 7920)" in card
     index = (output / "README.md").read_text()
     assert "[`kernel-icl-sinusoid`](kernel-icl-sinusoid/)" in index and "12 steps × 64" in index
     (output / "README.md").unlink()
     zoo_script.main(["--index-only", "--output", str(output)])
     assert (output / "README.md").read_text() == index
+
+    # the evaluation alone, on other seeds and prompts: the weights and training arguments stay byte for byte
+    kept = {file: (folder / file).read_bytes() for file in ("model.safetensors", "config.json", "training_args.json")}
+    wall_time = re.search(r"^- wall time of training: .*$", card, flags=re.M).group(0)
+    zoo_script.main(["--evaluate-only", "--only", "kernel-icl-sinusoid", "--eval-prompts", "32", "--eval-seeds", "3",
+                     "--device", "cpu", "--output", str(output)])  # fmt: skip
+    assert {file: (folder / file).read_bytes() for file in kept} == kept
+    assert {p.name for p in folder.iterdir()} == SHIPPED_FILES
+    claim = max(read_card_results(folder), key=lambda r: r["n_examples"])
+    assert claim["seeds"] == card_seeds(EVAL_SEED_OFFSET, 3) and claim["n_prompts"] == 32
+    card = (folder / "README.md").read_text()
+    assert wall_time in card and "**CPU size.**" in card  # the training facts of the old card, kept
+    assert "--evaluate-only --only kernel-icl-sinusoid --device cpu --eval-prompts 32 --eval-seeds 3" in card
+    assert command + " --eval-prompts 32 --eval-seeds 3" in card  # retraining also reproduces this evaluation
+    metrics = json.loads((folder / "metrics.json").read_text())
+    assert metrics["scalars"]["steps"] == 12 and metrics["evaluations"]["standard"]["seeds"] == claim["seeds"]
+    assert "3 evaluation seeds, each a fresh draw of 32 prompts" in (output / "README.md").read_text()
+
+
+def test_evaluate_only_needs_the_training_facts_of_the_old_card(tmp_path):
+    (tmp_path / "README.md").write_text("---\nlibrary_name: hf_icl\n---\n\n# a card without notes\n")
+    with pytest.raises(ValueError, match="does not state the hardware, wall time, date and command of training"):
+        zoo_script.facts_from_card(tmp_path)
+    facts = zoo_script.facts_from_card(MODELS / "sgpt-linear-regression")
+    assert not facts.on_gpu and facts.seconds > 0 and "CPU" in facts.hardware
+    assert facts.options.only == ["sgpt-linear-regression"] and facts.options.device == "cpu"
+    assert facts.options.steps_scale == 1.0
 
 
 def test_the_script_refuses_bad_recipes_and_scales(tmp_path):
@@ -303,7 +354,7 @@ def reference_accuracies(logit_scale: float, n_points: int = 61) -> tuple[float,
         seed=0,
     )
     text = zoo_script.categorical_references(args)
-    logistic = float(re.search(r"L2, C = 1\) ([0-9.]+)", text).group(1))
+    logistic = float(re.search(r"over the classes the prompt shows\) ([0-9.]+)", text).group(1))
     bayes = float(re.search(r"the ceiling\) ([0-9.]+)", text).group(1))
     assert f"chance {1 / 3:.3f}" in text and f"accuracy with {n_points - 1} examples" in text
     return logistic, bayes
@@ -340,6 +391,8 @@ def test_garg_suite_on_the_zoo_tabulates_every_run(tmp_path, capsys):
         (["--steps-scale", "0"], "--steps-scale must be a finite number > 0, got 0.0"),
         (["--steps-scale", "nan"], "--steps-scale must be a finite number > 0, got nan"),
         (["--eval-prompts", "0"], "--eval-prompts must be at least 1, got 0"),
+        (["--eval-seeds", "1"], "--eval-seeds must be at least 2 (a spread over seeds needs two), got 1"),
+        (["--evaluate-only", "--index-only"], "argument --index-only: not allowed with argument --evaluate-only"),
         (["--only", "gpt3"], "argument --only: invalid choice: 'gpt3'"),
     ],
 )
