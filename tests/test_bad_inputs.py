@@ -899,7 +899,6 @@ CLI_ROWS = [
     cli("compare-estimators-repeated", "compare --estimators knn,knn", ["--estimators", "'knn' twice"]),
     cli("compare-estimators-empty", "compare --estimators knn,", ["--estimators", "'knn,'", "empty"]),
     cli("compare-estimator-unknown", "compare --estimators ridgeless", ["ridgeless", "least_squares"]),
-    cli("compare-categorical-baselines", "compare --task categorical", ["categorical", "--estimators"]),
     cli("compare-task-params-json", "compare --task-params '[1]'", ["--task-params", "JSON object", "[1]"], usage=True),
     cli("compare-task-params-syntax", "compare --task-params '{bad'", ["--task-params", "not valid JSON"], usage=True),
     cli("compare-task-choice", "compare --task nope", ["--task", "invalid choice", "nope"], usage=True),

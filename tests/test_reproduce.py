@@ -1,4 +1,4 @@
-"""hf-icl reproduce: every SGPT figure's plumbing end to end at a toy scale, reuse of finished runs, the CLI."""
+"""hf-icl reproduce: every SGPT experiment's plumbing end to end at a toy scale, reuse of finished runs, the CLI."""
 
 import json
 import re
@@ -21,6 +21,8 @@ TOY = Scale(
     mlp_width=8,
     learning_rate=1e-3,
     full=False,
+    hilbert_prompts=64,
+    hilbert_max_log2=7,
 )
 
 
@@ -51,7 +53,8 @@ def test_finished_runs_are_reused_with_the_same_numbers(tmp_path, capsys):
 
 
 def test_every_figure_is_registered_with_a_runner():
-    assert set(experiments("sgpt")) == {f"fig{i}" for i in range(1, 8)} == set(EXPERIMENTS)
+    figures = {f"fig{i}" for i in range(1, 8)}
+    assert set(experiments("sgpt")) == figures | {"hilbert", "lengths"} == set(EXPERIMENTS)
 
 
 def test_claims_and_criteria():
