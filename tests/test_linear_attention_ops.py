@@ -20,6 +20,7 @@ from hf_icl.kernels.linear_attention import (
     BACKENDS,
     FEATURE_MAPS,
     MODES,
+    QUADRATIC_MAPS,
     QUADRATIC_MAX_HEAD_DIM,
     apply_feature_map,
     causal_linear_attention,
@@ -46,9 +47,16 @@ def phi_reference(x: torch.Tensor, name: str) -> torch.Tensor:
         return torch.where(x > 0, x + 1, torch.exp(x))
     if name == "identity":
         return x
-    assert name == "quadratic"
-    outer = torch.einsum("...i,...j->...ij", x, x).flatten(-2)
-    return torch.cat([torch.ones_like(x[..., :1]), x, outer], dim=-1)
+    dim = x.shape[-1]
+    if name == "quadratic":  # the study's appendix: [1, x_1, …, x_D, x_1², x_1x_2, …, x_1x_D, x_2², …, x_D²]
+        products = [x[..., i] * x[..., j] for i in range(dim) for j in range(i, dim)]
+    else:
+        assert name == "quadratic_full"  # every ordered product x_i x_j
+        products = [x[..., i] * x[..., j] for i in range(dim) for j in range(dim)]
+    return torch.cat([torch.ones_like(x[..., :1]), x, torch.stack(products, dim=-1)], dim=-1)
+
+
+ELEMENTWISE_MAPS = [name for name in FEATURE_MAPS if name not in QUADRATIC_MAPS]
 
 
 def reference(q, k, v, feature_map, *, normalize=True, eps=EPS, scale=None, key_mask=None) -> torch.Tensor:
@@ -170,7 +178,7 @@ def test_gradients_match_parallel(feature_map, normalize, mode):
     torch.testing.assert_close(grads(mode, q, k, v, upstream, **kwargs), expected, rtol=1e-9, atol=1e-9)
 
 
-@pytest.mark.parametrize("feature_map", ["elu_plus_one", "quadratic"])
+@pytest.mark.parametrize("feature_map", ["elu_plus_one", "quadratic", "quadratic_full"])
 def test_gradcheck_chunked(feature_map):
     q, k, v = (x.requires_grad_() for x in make_qkv(batch=1, heads=1, tokens=5, head_dim=2, value_dim=2, seed=7))
 
@@ -186,7 +194,7 @@ def test_gradcheck_chunked(feature_map):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("feature_map", ["elu_plus_one", "quadratic", "squared_relu"])
+@pytest.mark.parametrize("feature_map", ["elu_plus_one", "quadratic", "quadratic_full", "squared_relu"])
 def test_padded_rows_equal_unpadded(feature_map, mode):
     tokens, real_len = 10, 6
     q, k, v = make_qkv(batch=2, tokens=tokens, seed=8)
@@ -276,32 +284,80 @@ def test_step_keeps_a_float32_state_for_bfloat16():
 
 @pytest.mark.parametrize("head_dim", [1, 3, QUADRATIC_MAX_HEAD_DIM])
 def test_feature_dim(head_dim):
-    assert feature_dim("quadratic", head_dim) == 1 + head_dim + head_dim**2
-    for name in FEATURE_MAPS[:-1]:
+    assert feature_dim("quadratic", head_dim) == 1 + head_dim + head_dim * (head_dim + 1) // 2
+    assert feature_dim("quadratic_full", head_dim) == 1 + head_dim + head_dim**2
+    for name in ELEMENTWISE_MAPS:
         assert feature_dim(name, head_dim) == head_dim
+    for name in FEATURE_MAPS:  # the width feature_dim promises is the width the map returns
+        assert apply_feature_map(torch.zeros(2, head_dim), name).shape == (2, feature_dim(name, head_dim))
 
 
-def test_quadratic_map_is_one_x_and_all_products():
+def test_quadratic_map_is_the_studys_upper_triangle():
+    """The appendix's φ(x) = [1, x_1, …, x_d, x_1², x_1x_2, …, x_1x_d, x_2², x_2x_3, …, x_d²], written out."""
+    generator = torch.Generator().manual_seed(3)
+    for dim in (1, 2, 4, 7):
+        x = torch.randn(3, 5, dim, dtype=torch.float64, generator=generator)
+        expected = torch.empty(3, 5, 1 + dim + dim * (dim + 1) // 2, dtype=torch.float64)
+        expected[..., 0] = 1.0
+        expected[..., 1 : 1 + dim] = x
+        column = 1 + dim
+        for i in range(dim):
+            for j in range(i, dim):  # every i ≤ j once, row by row
+                expected[..., column] = x[..., i] * x[..., j]
+                column += 1
+        assert column == expected.shape[-1]
+        assert torch.equal(apply_feature_map(x, "quadratic"), expected)
+    x = torch.tensor([[2.0, -3.0, 5.0]])
+    assert apply_feature_map(x, "quadratic").tolist() == [[1.0, 2.0, -3.0, 5.0, 4.0, -6.0, 10.0, 9.0, -15.0, 25.0]]
+
+
+def test_quadratic_full_map_is_one_x_and_all_ordered_products():
     x = torch.tensor([[2.0, -3.0, 5.0]])
     products = [x[0, i] * x[0, j] for i in range(3) for j in range(3)]
     expected = torch.tensor([[1.0, 2.0, -3.0, 5.0, *products]])
-    assert torch.equal(apply_feature_map(x, "quadratic"), expected)
-    assert apply_feature_map(torch.zeros(2, 4, 5, 6), "quadratic").shape == (2, 4, 5, 1 + 6 + 36)
+    assert torch.equal(apply_feature_map(x, "quadratic_full"), expected)
+    assert apply_feature_map(torch.zeros(2, 4, 5, 6), "quadratic_full").shape == (2, 4, 5, 1 + 6 + 36)
 
 
-@pytest.mark.parametrize("feature_map", FEATURE_MAPS[:-1])
+def test_quadratic_kernels_closed_forms():
+    """φ(x)·φ(y): the study's map counts each off-diagonal product once, the full outer product twice."""
+    generator = torch.Generator().manual_seed(4)
+    x, y = (torch.randn(50, 6, dtype=torch.float64, generator=generator) for _ in range(2))
+    dot = (x * y).sum(-1)
+    upper = sum(x[:, i] * x[:, j] * y[:, i] * y[:, j] for i in range(6) for j in range(i, 6))
+    kernel = (apply_feature_map(x, "quadratic") * apply_feature_map(y, "quadratic")).sum(-1)
+    torch.testing.assert_close(kernel, 1 + dot + upper, rtol=1e-12, atol=1e-12)
+    # the same sum in closed form: Σ_{i≤j} = ((x·y)² + Σ_i x_i² y_i²) / 2
+    torch.testing.assert_close(kernel, 1 + dot + (dot**2 + (x**2 * y**2).sum(-1)) / 2, rtol=1e-12, atol=1e-12)
+    full = (apply_feature_map(x, "quadratic_full") * apply_feature_map(y, "quadratic_full")).sum(-1)
+    torch.testing.assert_close(full, 1 + dot + dot**2, rtol=1e-12, atol=1e-12)
+    assert not torch.allclose(kernel, full)  # the two maps are different kernels
+
+
+@pytest.mark.parametrize("feature_map", ELEMENTWISE_MAPS)
 def test_elementwise_maps(feature_map):
     x = torch.linspace(-3, 3, 13, dtype=torch.float64)
     torch.testing.assert_close(apply_feature_map(x, feature_map), phi_reference(x, feature_map))
 
 
-def test_quadratic_head_dim_limit():
+@pytest.mark.parametrize("feature_map", QUADRATIC_MAPS)
+def test_quadratic_head_dim_limit(feature_map):
     too_wide = QUADRATIC_MAX_HEAD_DIM + 1
-    with pytest.raises(ValueError, match=rf"feature_map='quadratic' supports head_dim <= 32.*got head_dim={too_wide}"):
-        feature_dim("quadratic", too_wide)
+    width = 1 + too_wide + (too_wide * (too_wide + 1) // 2 if feature_map == "quadratic" else too_wide**2)
+    with pytest.raises(
+        ValueError,
+        match=rf"feature_map='{feature_map}' supports head_dim <= 32 .*would be {width}\), got head_dim={too_wide}",
+    ):
+        feature_dim(feature_map, too_wide)
     q, k, v = make_qkv(batch=1, heads=1, tokens=2, head_dim=too_wide)
     with pytest.raises(ValueError, match="head_dim <= 32"):
-        causal_linear_attention(q, k, v, feature_map="quadratic")
+        causal_linear_attention(q, k, v, feature_map=feature_map)
+
+
+def test_unknown_feature_map_names_the_allowed_ones():
+    q, k, v = make_qkv(batch=1, heads=1, tokens=2)
+    with pytest.raises(ValueError, match=r"feature_map must be one of .*'quadratic', 'quadratic_full'.*'cubic'"):
+        causal_linear_attention(q, k, v, feature_map="cubic")
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -393,8 +449,8 @@ def test_triton_backend_wraps_an_unnormalised_kernel(monkeypatch, normalize):
     kwargs = {"feature_map": "quadratic", "normalize": normalize, "key_mask": key_mask}
     out = causal_linear_attention(q, k, v, backend="triton", chunk_size=8, **kwargs)
     torch.testing.assert_close(out, reference(q, k, v, **kwargs), rtol=1e-9, atol=1e-9)
-    # feature-mapped q/k (1 + 3 + 9 wide) and v with the denominator's ones column when normalising
-    assert calls == [((2, 2, 13, 13), (2, 2, 13, 13), (2, 2, 13, 3 + normalize), 8)]
+    # feature-mapped q/k (1 + 3 + 6 wide) and v with the denominator's ones column when normalising
+    assert calls == [((2, 2, 13, 10), (2, 2, 13, 10), (2, 2, 13, 3 + normalize), 8)]
 
 
 def test_triton_backend_missing_module(monkeypatch):

@@ -80,7 +80,7 @@ def test_prediction_i_ignores_y_i_and_everything_later(mode, prompt_format):
 
 
 @pytest.mark.parametrize("normalize", [True, False])
-@pytest.mark.parametrize("feature_map", ["squared_relu", "quadratic"])
+@pytest.mark.parametrize("feature_map", ["squared_relu", "quadratic", "quadratic_full"])
 def test_modes_agree(feature_map, normalize):
     models = [
         icl_model(
@@ -176,7 +176,11 @@ def test_registration_presets_and_build_model():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"linear_attention_feature_map": "softmax"}, "linear_attention_feature_map must be one of"),
+        (
+            {"linear_attention_feature_map": "softmax"},
+            r"linear_attention_feature_map must be one of \[.*'identity', 'quadratic', 'quadratic_full'\], "
+            "got 'softmax'",
+        ),
         ({"linear_attention_eps": 0.0}, "linear_attention_eps"),
         ({"linear_attention_normalize": "yes"}, "linear_attention_normalize must be True or False"),
         ({"linear_attention_mode": "scan"}, "linear_attention_mode must be one of"),
@@ -187,6 +191,7 @@ def test_registration_presets_and_build_model():
             "runs linear_attention_mode='chunked' only",
         ),
         ({"linear_attention_feature_map": "quadratic", "n_embd": 128, "n_head": 2}, "head_dim <= 32"),
+        ({"linear_attention_feature_map": "quadratic_full", "n_embd": 128, "n_head": 2}, "head_dim <= 32"),
         ({"n_embd": 30, "n_head": 4}, "divisible"),
         ({"n_positions": 0}, "n_positions"),
         ({"n_dims": 0}, "n_dims"),
@@ -299,15 +304,16 @@ def tensor_bytes(obj, seen=None) -> int:
     return 0
 
 
-def test_cache_is_constant_size_state_in_float32():
-    model = lm(linear_attention_feature_map="quadratic")
+@pytest.mark.parametrize("feature_map", ["quadratic", "quadratic_full"])
+def test_cache_is_constant_size_state_in_float32(feature_map):
+    model = lm(linear_attention_feature_map=feature_map)
     with torch.no_grad():
         short = model(token_ids(2, 8), use_cache=True).past_key_values
         long = model(token_ids(2, 64), use_cache=True).past_key_values
     assert isinstance(long, LinearAttentionCache) and long.get_seq_length() == 64
     assert tensor_bytes(short) == tensor_bytes(long) > 0
-    head_dim = 16
-    features = 1 + head_dim + head_dim**2
+    head_dim = 16  # the study's map keeps the products x_i x_j with i ≤ j; the full one every ordered pair
+    features = 1 + head_dim + (head_dim * (head_dim + 1) // 2 if feature_map == "quadratic" else head_dim**2)
     s, z = long.layers[0].state
     assert s.shape == (2, 2, features, head_dim) and z.shape == (2, 2, features)
     assert s.dtype == z.dtype == torch.float32
@@ -408,3 +414,27 @@ def test_the_trainer_trains_and_reloads_linear_gpt(tmp_path):
     with torch.no_grad():
         reloaded = AutoModel.from_pretrained(tmp_path).eval()
         assert torch.equal(reloaded(xs, ys).predictions, result.model.eval()(xs, ys).predictions)
+
+
+def test_a_config_saved_when_quadratic_meant_the_full_product_is_refused(tmp_path):
+    """'quadratic' changed meaning (issue 29): saved with the new map it round-trips; without the marker it is refused
+    with the fix, never loaded with another map than the one it was trained with."""
+    import json
+
+    from transformers import AutoModel
+
+    from hf_icl.modeling import LinearGPTConfig, LinearGPTForInContextRegression
+
+    config = LinearGPTConfig(n_dims=3, n_points=5, n_embd=32, n_layer=1, n_head=4,
+                             linear_attention_feature_map="quadratic")  # fmt: skip
+    LinearGPTForInContextRegression(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["quadratic_map"] == "upper_triangle"
+    assert AutoModel.from_pretrained(tmp_path).config.linear_attention_feature_map == "quadratic"
+    del saved["quadratic_map"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="now 'quadratic_full'.*Set linear_attention_feature_map to 'quadratic_full'"):
+        AutoModel.from_pretrained(tmp_path)
+    saved["linear_attention_feature_map"] = "quadratic_full"
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert AutoModel.from_pretrained(tmp_path).config.linear_attention_feature_map == "quadratic_full"

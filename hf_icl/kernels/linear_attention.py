@@ -52,6 +52,7 @@ __all__ = [
     "BACKENDS",
     "FEATURE_MAPS",
     "MODES",
+    "QUADRATIC_MAPS",
     "QUADRATIC_MAX_HEAD_DIM",
     "apply_feature_map",
     "causal_linear_attention",
@@ -60,11 +61,14 @@ __all__ = [
     "linear_attention_step",
 ]
 
-FEATURE_MAPS = ("squared_relu", "relu", "elu_plus_one", "identity", "quadratic")
+FEATURE_MAPS = ("squared_relu", "relu", "elu_plus_one", "identity", "quadratic", "quadratic_full")
+#: the maps whose width grows with D²: [1, x, degree-2 products]
+QUADRATIC_MAPS = ("quadratic", "quadratic_full")
 MODES = ("parallel", "recurrent", "chunked")
 BACKENDS = ("auto", "torch", "triton", "fla")
-# The quadratic map's width is 1 + D + D²: 1057 features at D = 32, so the state S (F × Dv per head) is already
-# ~33× larger than the head itself; at D = 64 it would be 4161 wide. Beyond 32 it is a memory trap, not a model.
+# The quadratic maps are 1 + D + D(D+1)/2 ("quadratic") or 1 + D + D² ("quadratic_full") wide: 561 or 1057 features
+# at D = 32, so the state S (F × Dv per head) is already ~18-33× larger than the head itself; at D = 64 they would be
+# 2145 or 4161 wide. Beyond 32 they are a memory trap, not a model.
 QUADRATIC_MAX_HEAD_DIM = 32
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
@@ -77,7 +81,16 @@ State = tuple[torch.Tensor, torch.Tensor]
 
 
 def _quadratic(x: torch.Tensor) -> torch.Tensor:
-    # [1, x, vec(x ⊗ x)], so φ(q)·φ(k) = 1 + q·k + (q·k)²: a degree-2 polynomial kernel.
+    # The linear-attention study's map (its appendix): [1, x_1, …, x_D, x_i x_j for i ≤ j], the products in row-major
+    # upper-triangle order x_1², x_1x_2, …, x_1x_D, x_2², …, x_D². Each off-diagonal product appears once, so
+    # φ(q)·φ(k) = 1 + q·k + Σ_{i≤j} q_i q_j k_i k_j = 1 + q·k + ((q·k)² + Σ_i q_i² k_i²) / 2, not 1 + q·k + (q·k)².
+    rows, cols = torch.triu_indices(x.shape[-1], x.shape[-1], device=x.device)
+    return torch.cat([torch.ones_like(x[..., :1]), x, x[..., rows] * x[..., cols]], dim=-1)
+
+
+def _quadratic_full(x: torch.Tensor) -> torch.Tensor:
+    # [1, x, vec(x ⊗ x)]: every ordered product x_i x_j, so φ(q)·φ(k) = 1 + q·k + (q·k)², the degree-2 polynomial
+    # kernel.
     outer = (x.unsqueeze(-1) * x.unsqueeze(-2)).flatten(-2)
     return torch.cat([torch.ones_like(x[..., :1]), x, outer], dim=-1)
 
@@ -88,31 +101,41 @@ _FEATURE_FNS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "elu_plus_one": lambda x: F.elu(x) + 1.0,
     "identity": lambda x: x,
     "quadratic": _quadratic,
+    "quadratic_full": _quadratic_full,
 }
 
 
-def feature_dim(feature_map: str, head_dim: int) -> int:
-    """Width F of ``feature_map`` applied to vectors of ``head_dim``: D, or 1 + D + D² for ``"quadratic"``.
+def _quadratic_width(feature_map: str, head_dim: int) -> int:
+    products = head_dim * (head_dim + 1) // 2 if feature_map == "quadratic" else head_dim**2
+    return 1 + head_dim + products
 
-    Raises ``ValueError`` for ``"quadratic"`` with ``head_dim > QUADRATIC_MAX_HEAD_DIM`` (32).
+
+def feature_dim(feature_map: str, head_dim: int) -> int:
+    """Width F of ``feature_map`` applied to vectors of ``head_dim`` D.
+
+    D for the elementwise maps; ``1 + D + D(D+1)/2`` for ``"quadratic"`` (the products x_i x_j with i ≤ j) and
+    ``1 + D + D²`` for ``"quadratic_full"`` (every ordered product). Raises ``ValueError`` for either quadratic map
+    with ``head_dim > QUADRATIC_MAX_HEAD_DIM`` (32).
     """
     check_choice("feature_map", feature_map, FEATURE_MAPS)
     check_int("head_dim", head_dim, low=1)
-    if feature_map != "quadratic":
+    if feature_map not in QUADRATIC_MAPS:
         return head_dim
+    width = _quadratic_width(feature_map, head_dim)
     if head_dim > QUADRATIC_MAX_HEAD_DIM:
+        formula = "1 + D + D(D+1)/2" if feature_map == "quadratic" else "1 + D + D²"
         raise ValueError(
-            f"feature_map='quadratic' supports head_dim <= {QUADRATIC_MAX_HEAD_DIM} (its width 1 + D + D² would be "
-            f"{1 + head_dim + head_dim**2}), got head_dim={head_dim}; use a smaller head_dim or another feature map"
+            f"feature_map={feature_map!r} supports head_dim <= {QUADRATIC_MAX_HEAD_DIM} (its width {formula} would be "
+            f"{width}), got head_dim={head_dim}; use a smaller head_dim or another feature map"
         )
-    return 1 + head_dim + head_dim**2
+    return width
 
 
 def apply_feature_map(x: torch.Tensor, feature_map: str) -> torch.Tensor:
     """φ(x) over the last dimension: ``(..., D)`` → ``(..., feature_dim(feature_map, D))``."""
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise ValueError(f"x must be a floating-point torch.Tensor, got {_describe(x)}")
-    feature_dim(feature_map, x.shape[-1])  # validates the name and the quadratic width limit
+    feature_dim(feature_map, x.shape[-1])  # validates the name and the quadratic maps' width limit
     return _FEATURE_FNS[feature_map](x)
 
 
@@ -320,7 +343,10 @@ def causal_linear_attention(
     Args:
         q, k: ``(B, H, T, D)``; multiplied by ``scale`` (default ``1/sqrt(D)``) before the feature map.
         v: ``(B, H, T, Dv)``.
-        feature_map: one of ``FEATURE_MAPS``; ``"quadratic"`` needs ``D <= QUADRATIC_MAX_HEAD_DIM``.
+        feature_map: one of ``FEATURE_MAPS``: ``"squared_relu"`` (ReLU(x)², the default), ``"relu"``,
+            ``"elu_plus_one"``, ``"identity"``, ``"quadratic"`` ([1, x, x_i x_j for i ≤ j], the linear-attention
+            study's appendix map) or ``"quadratic_full"`` ([1, x, vec(x ⊗ x)], kernel 1 + q·k + (q·k)²); the two
+            quadratic maps need ``D <= QUADRATIC_MAX_HEAD_DIM``.
         eps: > 0, added to the denominator.
         normalize: divide by ``φ(q_t)ᵀ z_t + eps``; False returns ``φ(q_t)ᵀ S_t``.
         mode: one of ``MODES``; all are differentiable and agree.
@@ -350,8 +376,8 @@ def causal_linear_attention(
     values = v.to(phi_k.dtype)
     if normalize:  # the ones column accumulates z: the last output column is the denominator φ(q_t)ᵀ z_t
         values = torch.cat([values, torch.ones_like(values[..., :1])], dim=-1)
-    # Padded tokens are zeroed after φ, since φ(0) ≠ 0 for elu_plus_one and quadratic. Zeroing v and its ones
-    # column alone would already remove them from S and z; φ(k) is zeroed too so no kernel ever sees φ(0) there.
+    # Padded tokens are zeroed after φ, since φ(0) ≠ 0 for elu_plus_one and the quadratic maps. Zeroing v and its
+    # ones column alone would already remove them from S and z; φ(k) is zeroed too so no kernel ever sees φ(0) there.
     if real is not None:
         phi_k = phi_k.masked_fill(~real, 0.0)
         values = values.masked_fill(~real, 0.0)

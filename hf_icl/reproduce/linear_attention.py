@@ -10,8 +10,16 @@ depths 1, 3 and 6 (d_model 256, 4 heads, MLP 4×), five seeds each:
 * convergence: samples seen (steps × batch) until 90 % of the gap between the initial and final test loss is closed.
 
 Experiments (``hf-icl reproduce linear-attention EXPERIMENT``): ``table1`` (loss by depth, parameters), ``table2``
-(the anisotropic shift), ``table3`` (convergence), ``all`` (the three from one set of runs) and ``engines`` (how fast
-each way of training the seeds runs on this machine). The runs are shared: ``table2`` after ``table1`` trains nothing.
+(the anisotropic shift), ``table3`` (convergence), ``all`` (the three from one set of runs), ``ablation`` (the
+appendix's feature maps: identity, ReLU, the quadratic map and ReLU², each training the 6-layer linear model the same
+way) and ``engines`` (how fast each way of training the seeds runs on this machine). The runs are shared: ``table2``
+after ``table1`` trains nothing, and the ablation's ReLU² row is the 6-layer linear model of the tables.
+
+Every claim is judged by the project's testability rule (:meth:`~hf_icl.reproduce.runs.Report.claim` with one
+:class:`~hf_icl.reproduce.runs.Subject` per model the claim is about: its final test loss and the zero predictor's on
+the same prompts): a claim about a model that learned nothing is "not testable at this size". Two checks of this
+study come on top (:func:`testability`): a model still improving at the end of training, and one seed where a claim
+needs an interval, also make a claim not testable.
 
 Sizes: ``CPU`` (the default) keeps the task, depths, heads, learning rates, batch sizes and the ratio of the step
 counts, at width 64, 3 seeds and a fifth of the steps, and is sized to finish in under 30 minutes on 2 cores (about
@@ -27,6 +35,7 @@ replacement, 4 000 test prompts, the test loss every 500 steps, 10 points in all
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -43,8 +52,10 @@ from safetensors.torch import load_file, save_file
 from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
 from ..evaluation.plotting import new_panels, save_figure
+from ..kernels.linear_attention import FEATURE_MAPS, feature_dim
 from ..training.trainer import step_seed
-from .runs import Experiment, Report, comparable, log, seed_interval, usable_cores
+from ..validation import check_choice
+from .runs import Experiment, Report, Subject, comparable, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble, build_seeded
 
 PAPER = "linear-attention"
@@ -65,8 +76,6 @@ GPT2_VOCAB = 50257
 DATA_SEED = 42
 #: share of the initial-to-final test-loss gap that counts as converged (Table 3)
 CONVERGED = 0.9
-#: a model learned something when its test loss ends below this (the zero predictor scores E[y²]/d = 1)
-LEARNED = 0.9
 #: a model "fails" at ICL above this test loss (the document: "test losses remaining above 0.7")
 FAILED = 0.7
 #: the anisotropic shift counts as small up to this relative increase of the test loss (the document's largest: 12.6 %)
@@ -98,6 +107,27 @@ DOCUMENT = {
 }
 #: Table 3: steps to 90 % convergence (samples = steps × batch size)
 DOCUMENT_STEPS_TO_90 = {"softmax": {1: 7000, 3: 21500, 6: 25000}, "linear": {1: 4000, 3: 4000, 6: 7500}}
+
+#: the appendix's feature-map ablation ("Linear Attention Feature Map"): the maps it tried, in its order, by the names
+#: of :data:`hf_icl.kernels.linear_attention.FEATURE_MAPS` ("quadratic" is the appendix's [1, x_i, x_i x_j for i ≤ j])
+ABLATION_MAPS = ("identity", "relu", "quadratic", "squared_relu")
+#: φ of the linear recipe (``LinearGPTConfig``'s default), so the ablation's ReLU² row is the tables' linear model
+DEFAULT_FEATURE_MAP = "squared_relu"
+#: the ablation's depth: the only one the appendix names for it ("near 1 for even a 6 layer model")
+ABLATION_DEPTH = 6
+FEATURE_MAP_FORMULAS = {
+    "identity": "x",
+    "relu": "ReLU(x)",
+    "quadratic": "[1, x_i, x_i x_j for i ≤ j]",
+    "squared_relu": "ReLU(x)²",
+}
+#: what the document says of each map (it gives no numbers but identity's "near 1")
+DOCUMENT_ABLATION = {
+    "identity": "'extremely poorly', 'didn't learn at all': near 1, even at 6 layers",
+    "relu": "an improvement over identity",
+    "quadratic": "an improvement over identity",
+    "squared_relu": "the best MSE; 'strictly dominating' ReLU (Sec. 2.2.2)",
+}
 
 
 # -- recipes and sizes ---------------------------------------------------------------------------------------------
@@ -171,10 +201,33 @@ class GroupSpec:
     test_prompts: int
     train_eval_prompts: int
     data_seed: int
+    #: φ of a linear-attention group when it is not the recipe's own (the ablation); None: the recipe's
+    feature_map: str | None = None
+
+    def __post_init__(self):
+        check_choice("recipe", self.recipe, list(RECIPES))
+        if self.feature_map is None:
+            return
+        check_choice("feature_map", self.feature_map, FEATURE_MAPS)
+        if RECIPES[self.recipe].model_type != "linear_gpt":
+            raise ValueError(
+                f"feature_map applies to the linear-attention recipe only, got recipe={self.recipe!r} with "
+                f"feature_map={self.feature_map!r}; use feature_map=None"
+            )
+        if self.feature_map == DEFAULT_FEATURE_MAP:  # one name (and one run directory) per model
+            object.__setattr__(self, "feature_map", None)
 
     @property
     def name(self) -> str:
-        return f"{self.recipe}_L{self.depth}"
+        suffix = f"_{self.feature_map}" if self.feature_map else ""
+        return f"{self.recipe}_L{self.depth}{suffix}"
+
+    @property
+    def feature_map_name(self) -> str | None:
+        """φ of a linear-attention group (None for softmax)."""
+        if RECIPES[self.recipe].model_type != "linear_gpt":
+            return None
+        return self.feature_map or DEFAULT_FEATURE_MAP
 
     @property
     def batch_size(self) -> int:
@@ -185,14 +238,20 @@ class GroupSpec:
         return RECIPES[self.recipe].learning_rate
 
     def model_fields(self) -> dict:
-        return RECIPES[self.recipe].model_fields(self.n_embd, self.depth)
+        fields = RECIPES[self.recipe].model_fields(self.n_embd, self.depth)
+        if self.feature_map is not None:
+            fields["linear_attention_feature_map"] = self.feature_map
+        return fields
 
     def cost(self) -> float:
         """Rough relative work, to start the longest groups first."""
         return self.steps * self.batch_size * self.depth * len(self.seeds) * (self.n_embd / 64) ** 2
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "seeds": list(self.seeds)}
+        values = {**asdict(self), "seeds": list(self.seeds)}
+        if self.feature_map is None:  # the recipe's own map: the record (and so the reuse check) of earlier runs
+            del values["feature_map"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict) -> GroupSpec:
@@ -222,6 +281,13 @@ def group_specs(scale: Scale, seed: int = 0, steps: int | None = None) -> list[G
                 )
             )
     return specs
+
+
+def ablation_specs(scale: Scale, seed: int = 0, steps: int | None = None) -> list[GroupSpec]:
+    """The feature-map ablation: the :data:`ABLATION_DEPTH`-layer linear group of ``scale`` once per map of
+    :data:`ABLATION_MAPS`, trained the same way (the ReLU² one is the tables' own group)."""
+    base = next(s for s in group_specs(scale, seed, steps) if s.recipe == "linear" and s.depth == ABLATION_DEPTH)
+    return [replace(base, feature_map=name) for name in ABLATION_MAPS]
 
 
 # -- data ------------------------------------------------------------------------------------------------------
@@ -285,6 +351,20 @@ def draw_batches(task, pool, batch_size: int, seeds: Sequence[int], step: int) -
 def query_errors(predictions: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
     """The document's test loss per prompt: the last (query) point's squared error / d, in float64."""
     return (predictions[..., -1].double() - ys[..., -1].double()).square() / N_DIMS
+
+
+def trivial_errors(spec: GroupSpec) -> dict[str, float]:
+    """The trivial predictor's loss on each evaluation set of ``spec``: ŷ = 0, the best prediction that ignores the
+    context (E[y | x] = 0 for w ~ N(0, I)); about 1 isotropic and 1.15 anisotropic (E[y²]/d = tr Σ / d)."""
+    return dict(_trivial_errors(spec.test_prompts, spec.train_pool, spec.train_eval_prompts, spec.data_seed))
+
+
+@functools.cache
+def _trivial_errors(test_prompts: int, train_pool: int | None, train_eval_prompts: int, data_seed: int) -> tuple:
+    # the evaluation sets depend on these fields only; any recipe and depth gives the same prompts
+    spec = GroupSpec("linear", 1, 8, (0,), 1, 1, train_pool, test_prompts, train_eval_prompts, data_seed)
+    sets = evaluation_sets(spec)
+    return tuple((name, float(query_errors(torch.zeros_like(ys), ys).mean())) for name, (_, ys) in sets.items())
 
 
 # -- statistics --------------------------------------------------------------------------------------------------
@@ -359,8 +439,14 @@ class GroupResult:
     def plateaued(self) -> bool:
         return plateaued(self.mean_curve().tolist())
 
-    def learned(self) -> bool:
-        return float(self.final("test").mean()) < LEARNED
+    def trivial(self, name: str = "test") -> float:
+        """The trivial (zero) predictor's loss on the same prompts as :meth:`final`."""
+        return trivial_errors(self.spec)[name]
+
+    def subject(self, name: str = "test") -> Subject:
+        """This group (the mean over seeds of its final loss on evaluation set ``name``) for the testability rule."""
+        label = self.spec.name if name == "test" else f"{self.spec.name} ({name})"
+        return Subject(label, float(self.final(name).mean()), self.trivial(name))
 
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -513,9 +599,21 @@ class Context:
     steps: int | None = None
     workers: int | None = None
     _results: dict | None = field(default=None, repr=False)
+    _ablation: dict | None = field(default=None, repr=False)
 
     def specs(self) -> list[GroupSpec]:
         return group_specs(self.scale, self.seed, self.steps)
+
+    def ablation(self) -> dict[str, GroupResult]:
+        """The feature-map ablation's groups by map name (:func:`ablation_specs`), trained once (or reused)."""
+        if self._ablation is None:
+            specs = ablation_specs(self.scale, self.seed, self.steps)
+            loaded = run_groups(specs, self.runs_dir, retrain=self.retrain, workers=self.workers)
+            self._ablation = {s.feature_map_name: loaded[s.name] for s in specs}
+            self.report.numbers.setdefault("runs", {}).update(
+                {r.spec.name: {"seconds": r.seconds, "spec": r.spec.to_dict()} for r in loaded.values()}
+            )
+        return self._ablation
 
     def results(self) -> dict[tuple[str, int], GroupResult]:
         """Every group's result, trained once (or reused) for all the experiments of this call."""
@@ -527,9 +625,9 @@ class Context:
             }
         return self._results
 
-    def add_runs_note(self) -> None:
-        """Close the report with where the runs are and how long each took."""
-        runs = self.results().values()
+    def add_runs_note(self, runs: Sequence[GroupResult] | None = None) -> None:
+        """Close the report with where the runs are and how long each took (default: the tables' runs)."""
+        runs = list(self.results().values()) if runs is None else runs
         self.report.add(
             "Runs (each group trains all its seeds as one stacked model; a reused run keeps its first time): "
             + ", ".join(f"{r.spec.name} {r.seconds / 60:.1f} min" for r in runs)
@@ -562,36 +660,31 @@ def _samples(value: int | None) -> str:
 
 @dataclass(frozen=True)
 class Testability:
-    """Whether a claim can be judged from these runs, and the note that says why not."""
+    """This study's checks on top of the testability rule: whether a claim can be judged, and the note why not."""
 
     ok: bool
     note: str
 
 
-def testability(
-    results: dict,
-    keys: Sequence[tuple[str, int]],
-    *,
-    learned: Sequence[tuple[str, int]] | None = None,
-    intervals: bool = False,
-) -> Testability:
-    """A claim about the models ``keys`` is testable when each of them stopped improving, each model in ``learned``
-    (default: ``keys``) learned something (final test loss below :data:`LEARNED`; the zero predictor scores 1) and,
-    for claims about uncertainty, there are at least two seeds."""
-    learned = keys if learned is None else learned
+def testability(results: dict, keys: Sequence, *, intervals: bool = False) -> Testability:
+    """The checks this study adds to the rule (whether a model learned anything is the rule's, by
+    :func:`subjects`): a claim about the models ``keys`` needs each of them to have stopped improving (a model still
+    improving at the end has no final loss or convergence point to compare yet) and, for claims about uncertainty,
+    at least two seeds."""
     still = [results[k].spec.name for k in keys if not results[k].plateaued()]
-    nothing = [results[k].spec.name for k in learned if not results[k].learned()]
     few = [results[k].spec.name for k in keys if intervals and len(results[k].spec.seeds) < 2]
     notes = [
         f"{what}: {', '.join(names)}"
-        for what, names in (
-            ("still improving at the end", still),
-            (f"learned nothing (test loss ≥ {LEARNED})", nothing),
-            ("one seed, no interval", few),
-        )
+        for what, names in (("still improving at the end", still), ("one seed, no interval", few))
         if names
     ]
     return Testability(not notes, f" ({'; '.join(notes)})" if notes else "")
+
+
+def subjects(results: dict, keys: Sequence, name: str = "test") -> list[Subject]:
+    """The models ``keys`` as the testability rule's subjects: each one's final loss on evaluation set ``name``
+    (mean over seeds) and the trivial predictor's on the same prompts."""
+    return [results[k].subject(name) for k in keys]
 
 
 def _loss_tables(ctx: Context, results: dict) -> None:
@@ -686,12 +779,22 @@ def _parameter_section(ctx: Context) -> None:
     )
 
 
-def _claim(ctx: Context, claim: str, document: str, measured: str, ok: bool, test: Testability) -> None:
-    ctx.report.claim(claim, document, measured + test.note, ok if test.ok else None)
+def _claim(
+    ctx: Context,
+    claim: str,
+    document: str,
+    measured: str,
+    ok: bool | None,
+    test: Testability,
+    about: Sequence[Subject],
+) -> None:
+    """Judge a claim about the models ``about`` (the rule) with this study's checks ``test`` on top."""
+    ctx.report.claim(claim, document, measured + test.note, ok if test.ok else None, about)
 
 
 def _depth_claims(ctx: Context, results: dict, name: str, claim: str, document: str) -> None:
-    """Loss on evaluation set ``name`` falls 1 → 3 → 6 layers for both architectures."""
+    """Loss on evaluation set ``name`` falls 1 → 3 → 6 layers for both architectures (every model must have learned
+    something on that set)."""
     means = {key: [float(results[key, d].final(name).mean()) for d in DEPTHS] for key in RECIPES}
     drops = {key: [1 - means[key][i + 1] / means[key][i] for i in range(len(DEPTHS) - 1)] for key in RECIPES}
     keys = [(k, d) for k in RECIPES for d in DEPTHS]
@@ -708,7 +811,8 @@ def _depth_claims(ctx: Context, results: dict, name: str, claim: str, document: 
             for k in RECIPES
         ),
         all(v[0] > v[1] > v[2] for v in means.values()),
-        testability(results, keys, learned=[(k, DEPTHS[-1]) for k in RECIPES]),  # the deepest must have learned
+        testability(results, keys),
+        subjects(results, keys, name),
     )
 
 
@@ -728,8 +832,10 @@ def _isotropic_claims(ctx: Context, results: dict) -> None:
         "softmax 0.8183, linear 0.7430",
         ", ".join(f"{RECIPES[k].label} {_pm(*v)}" for (k, _), v in ones.items()),
         all(v[0] > FAILED for v in ones.values()),
-        # a failure only counts where the same budget taught the deeper models
-        testability(results, one, learned=[(k, DEPTHS[-1]) for k in RECIPES]),
+        testability(results, one),
+        # the one-layer models must have learned something (the document's did: 0.74 and 0.82 against 1), and a
+        # failure only counts where the same budget taught the deepest models
+        subjects(results, [*one, *((k, DEPTHS[-1]) for k in RECIPES)]),
     )
     _claim(
         ctx,
@@ -738,6 +844,7 @@ def _isotropic_claims(ctx: Context, results: dict) -> None:
         f"linear {_pm(*ones[one[1]])}, softmax {_pm(*ones[one[0]])}",
         ones[one[1]][0] < ones[one[0]][0],
         testability(results, one),
+        subjects(results, one),
     )
     per_depth = {d: (results["softmax", d].interval("test"), results["linear", d].interval("test")) for d in DEPTHS}
     keys = [(k, d) for k in RECIPES for d in DEPTHS]
@@ -749,6 +856,7 @@ def _isotropic_claims(ctx: Context, results: dict) -> None:
         "; ".join(f"{_layers(d)}: softmax {_pm(*s)} vs linear {_pm(*lin)}" for d, (s, lin) in per_depth.items()),
         all(s[0] < lin[0] and separated(s, lin) for s, lin in per_depth.values()),
         testability(results, keys, intervals=True),
+        subjects(results, keys),
     )
     six = [("softmax", 6), ("linear", 6)]
     s6, l6 = per_depth[6]
@@ -759,6 +867,7 @@ def _isotropic_claims(ctx: Context, results: dict) -> None:
         f"softmax {_pm(*s6)}, linear {_pm(*l6)}; lower: {'linear' if l6[0] < s6[0] else 'softmax'}",
         not separated(s6, l6),
         testability(results, six, intervals=True),
+        subjects(results, six),
     )
 
 
@@ -796,6 +905,7 @@ def _shift_section(ctx: Context, results: dict) -> None:
         ),
         all(degradation["softmax", d] < degradation["linear", d] for d in DEPTHS),
         testability(results, keys),
+        subjects(results, keys),  # a degradation means something only for a model that learned the task
     )
     worst = max(degradation.values())
     _claim(
@@ -805,6 +915,7 @@ def _shift_section(ctx: Context, results: dict) -> None:
         f"largest {_percent(worst)}",
         worst <= SMALL_SHIFT,
         testability(results, keys),
+        subjects(results, keys),
     )
     _depth_claims(
         ctx,
@@ -869,6 +980,7 @@ def _convergence_section(ctx: Context, results: dict) -> None:
         measured,
         all(r > 1 for r in ratio.values()),
         testability(results, keys),
+        subjects(results, keys),
     )
     six = [("softmax", 6), ("linear", 6)]
     _claim(
@@ -878,6 +990,7 @@ def _convergence_section(ctx: Context, results: dict) -> None:
         f"{ratio[6]:.2f}×",
         1 < ratio[6] < math.inf and comparable(ratio[6], 800 / 480),
         testability(results, six),
+        subjects(results, six),
     )
     deep = [("linear", 3), ("linear", 6)]
     _claim(
@@ -887,10 +1000,19 @@ def _convergence_section(ctx: Context, results: dict) -> None:
         f"{_samples(samples['linear', 3])} vs {_samples(samples['linear', 6])}",
         (samples["linear", 6] or 0) > (samples["linear", 3] or math.inf),
         testability(results, deep),
+        subjects(results, deep),
     )
 
 
 # -- plots ---------------------------------------------------------------------------------------------------------
+def _samples_axis(ax) -> None:
+    """Samples seen in thousands (full numbers overlap on a panel a third of a page wide)."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda value, _: f"{value / 1000:g}k" if value else "0"))
+    ax.set_xlabel("samples seen (steps × batch)")
+
+
 def plot_curves(path: Path, results: dict) -> Path:
     """Figs. 1–2 side by side: test (solid, 95 % t band over seeds) and train (dashed) loss against samples seen,
     one panel per depth, both architectures in each."""
@@ -911,7 +1033,7 @@ def plot_curves(path: Path, results: dict) -> Path:
         ax.set_yscale("log")
         ax.set_ylim(0.5 * float(values.min().clamp_min(1e-8)), 2 * float(values.max()))
         ax.set_title(_layers(depth))
-        ax.set_xlabel("samples seen (steps × batch)")
+        _samples_axis(ax)
         ax.grid(True, which="both", alpha=0.3)
     axes[0].set_ylabel("query squared error / d")
     axes[0].legend(fontsize=8)
@@ -936,6 +1058,31 @@ def plot_shift(path: Path, results: dict) -> Path:
     ax.set_ylim(0.5 * max(min(heights), 1e-8), 2 * max(heights))
     ax.set_ylabel("query squared error / d")
     ax.grid(True, axis="y", which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def plot_ablation(path: Path, ablation: dict[str, GroupResult]) -> Path:
+    """The feature-map ablation: each map's test loss (95 % t band over seeds) against samples seen, with the trivial
+    predictor's loss as a dotted line."""
+    fig, (ax,) = new_panels(1, (7.0, 4.2))
+    shown = []
+    for i, (name, r) in enumerate(ablation.items()):
+        mean, half = seed_interval(r.test_curve)
+        half = torch.nan_to_num(half)
+        label = f"{name}: φ(x) = {FEATURE_MAP_FORMULAS[name]}"
+        ax.plot(r.samples(), mean.tolist(), color=f"C{i}", label=label)
+        ax.fill_between(r.samples(), (mean - half).tolist(), (mean + half).tolist(), color=f"C{i}", alpha=0.2)
+        shown.append(mean[torch.isfinite(mean)])
+    trivial = next(iter(ablation.values())).trivial("test")
+    ax.axhline(trivial, color="gray", linestyle=":", label=f"trivial predictor (ŷ = 0): {trivial:.3f}")
+    values = torch.cat([*shown, torch.tensor([trivial], dtype=torch.float64)])
+    ax.set_yscale("log")
+    ax.set_ylim(0.5 * float(values.min().clamp_min(1e-8)), 2 * float(values.max()))
+    ax.set_title(f"feature maps, linear attention, {_layers(ABLATION_DEPTH)}")
+    _samples_axis(ax)
+    ax.set_ylabel("query squared error / d")
+    ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     return save_figure(fig, path)
 
@@ -981,6 +1128,119 @@ def all_tables(ctx: Context) -> None:
     path = plot_shift(ctx.report.plot_path("anisotropic"), results)
     ctx.report.add_plot(path, "Fig. 3: isotropic vs anisotropic test loss by depth")
     ctx.add_runs_note()
+
+
+def _ablation_section(ctx: Context, ablation: dict[str, GroupResult]) -> None:
+    """The appendix's feature-map ablation: one row per map, its final test loss beside the trivial predictor's."""
+    rows, numbers = [], {}
+    head_dim = ctx.scale.n_embd // N_HEAD
+    for name, r in ablation.items():
+        mean, half = r.interval("test")
+        trivial = r.trivial("test")
+        rows.append(
+            (
+                f"`{name}`",
+                FEATURE_MAP_FORMULAS[name],
+                feature_dim(name, head_dim),
+                DOCUMENT_ABLATION[name],
+                _pm(mean, half),
+                ", ".join(f"{v:.4f}" for v in r.final("test").tolist()),
+                f"{trivial:.4f}",
+                f"{mean / trivial:.3f}",
+                "yes" if r.subject().testable else "no",
+                "no" if r.plateaued() else "yes",
+            )
+        )
+        numbers[name] = {
+            "group": r.spec.name,
+            "test": {"per_seed": r.final("test").tolist(), "mean_ci95": (mean, half)},
+            "trivial_test": trivial,
+            "anisotropic": {"per_seed": r.final("anisotropic").tolist(), "mean_ci95": r.interval("anisotropic")},
+            "samples_to_90": r.samples_to_90(),
+            "plateaued": r.plateaued(),
+        }
+    ctx.report.numbers["ablation"] = numbers
+    spec = next(iter(ablation.values())).spec
+    ctx.report.add(
+        f"Feature-map ablation (the appendix): the {ABLATION_DEPTH}-layer linear-attention model with each map, "
+        f"trained the same way ({spec.steps:,} steps × {spec.batch_size}, lr {spec.learning_rate:g}, width "
+        f"{spec.n_embd}, seeds {spec.seeds}); φ is applied to q/√d_head and k/√d_head (d_head {head_dim}, hence the "
+        "feature width), normalised with ε = 1e-6 in the denominator. Test loss: mean over seeds ± the 95 % t "
+        "interval of that mean; the trivial predictor (ŷ = 0) on the same prompts; learned: below 0.9 × trivial.\n\n"
+        + _table(
+            (
+                "map",
+                "φ(x)",
+                "width",
+                "document",
+                "test loss (ours)",
+                "per seed",
+                "trivial",
+                "ours / trivial",
+                "learned",
+                "still improving",
+            ),
+            rows,
+        )
+    )
+    _ablation_claims(ctx, ablation)
+
+
+def _ablation_claims(ctx: Context, ablation: dict[str, GroupResult]) -> None:
+    """The appendix's sentences about the maps, and Sec. 2.2.2's "strictly dominating standard ReLU"."""
+    loss = {name: r.interval("test") for name, r in ablation.items()}
+
+    def about(*names: str, intervals: bool = False) -> tuple[Testability, list[Subject]]:
+        return testability(ablation, names, intervals=intervals), subjects(ablation, names)
+
+    identity = loss["identity"]
+    _claim(
+        ctx,
+        f"the identity map φ(x) = x learns nothing: final test loss near the trivial predictor's, even at "
+        f"{_layers(ABLATION_DEPTH)}",
+        DOCUMENT_ABLATION["identity"],
+        f"identity {_pm(*identity)}, trivial {ablation['identity'].trivial():.4f}",
+        not ablation["identity"].subject().testable,
+        *about("identity"),
+    )
+    better = ("relu", "quadratic")
+    _claim(
+        ctx,
+        "ReLU and the quadratic map [1, x_i, x_i x_j (i ≤ j)] both reach a lower test loss than the identity map",
+        "'We saw an improvement in MSE with both of these feature maps'",
+        ", ".join(f"{name} {_pm(*loss[name])}" for name in better) + f" vs identity {_pm(*identity)}",
+        all(loss[name][0] < identity[0] for name in better),
+        *about("identity", *better),
+    )
+    rivals = ("relu", "quadratic")
+    squared = loss["squared_relu"]
+    _claim(
+        ctx,
+        "squared ReLU, ReLU and the quadratic map combined, has the best test loss (below ReLU's and the quadratic "
+        "map's)",
+        "'a squared relu feature map, which had the best MSE'",
+        f"squared_relu {_pm(*squared)} vs " + ", ".join(f"{name} {_pm(*loss[name])}" for name in rivals),
+        all(squared[0] < loss[name][0] for name in rivals),
+        *about("squared_relu", *rivals),
+    )
+    _claim(
+        ctx,
+        "squared ReLU strictly dominates ReLU: a lower test loss beyond the seeds' uncertainty",
+        "'strictly dominating standard ReLU baselines in our preliminary tests' (Sec. 2.2.2)",
+        f"squared_relu {_pm(*squared)} vs relu {_pm(*loss['relu'])}",
+        squared[0] < loss["relu"][0] and separated(squared, loss["relu"]),
+        *about("squared_relu", "relu", intervals=True),
+    )
+
+
+def ablation(ctx: Context) -> None:
+    results = ctx.ablation()
+    _ablation_section(ctx, results)
+    path = plot_ablation(ctx.report.plot_path("feature_maps"), results)
+    ctx.report.add_plot(
+        path, f"Feature-map ablation: test loss by map, {_layers(ABLATION_DEPTH)} (95 % band over seeds)"
+    )
+    ctx.add_runs_note(list(results.values()))
 
 
 # -- engines: how to spend the cores ----------------------------------------------------------------------------
@@ -1113,6 +1373,11 @@ EXPERIMENTS = {
     "table2": Experiment("the anisotropic input shift x ~ N(0, diag(0.5, 1, 1.5, 1, 1.75)) (Fig. 3)", table2),
     "table3": Experiment("convergence: samples seen to close 90 % of the test-loss gap", table3),
     "all": Experiment("Tables 1–3 and Figs. 1–3 from one set of runs", all_tables),
+    "ablation": Experiment(
+        "the appendix's feature-map ablation: identity, ReLU, quadratic [1, x_i, x_i x_j (i ≤ j)] and ReLU², "
+        f"{_layers(ABLATION_DEPTH)}",
+        ablation,
+    ),
     "engines": Experiment("timing: ways to train the seeds on this machine's cores", engines),
 }
 

@@ -11,6 +11,12 @@ from ..config_fields import check_config_kwargs, check_prompt_fields
 from ..gpt2_icl.configuration_gpt2_icl import IO_INITS, GPT2ICLConfig
 from ..prompts import PROMPT_FORMATS
 
+#: saved beside ``linear_attention_feature_map="quadratic"``: the map is the document's ``[1, x, x_i x_j (i ≤ j)]``.
+#: Before it (2026-11-26) "quadratic" meant the full outer product, now ``"quadratic_full"``; a saved config with
+#: "quadratic" and without this marker is refused rather than loaded with a changed meaning.
+QUADRATIC_MARKER = "quadratic_map"
+QUADRATIC_MAP = "upper_triangle"
+
 
 class LinearGPTConfig(PretrainedConfig):
     r"""A GPT-2-shaped decoder whose attention is causal linear attention.
@@ -114,6 +120,25 @@ class LinearGPTConfig(PretrainedConfig):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         super().__post_init__(**kwargs)
+
+    def to_dict(self) -> dict:
+        out = super().to_dict()
+        if self.linear_attention_feature_map == "quadratic":
+            out[QUADRATIC_MARKER] = QUADRATIC_MAP
+        return out
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs):
+        config_dict = dict(config_dict)
+        marker = config_dict.pop(QUADRATIC_MARKER, None)
+        if config_dict.get("linear_attention_feature_map") == "quadratic" and marker != QUADRATIC_MAP:
+            raise ValueError(
+                "linear_attention_feature_map='quadratic' in a config saved without "
+                f"{QUADRATIC_MARKER}={QUADRATIC_MAP!r}: it was saved when 'quadratic' meant the full outer product "
+                "[1, x, x xᵀ], now 'quadratic_full'; 'quadratic' is the document's [1, x, x_i x_j (i ≤ j)]. Set "
+                "linear_attention_feature_map to 'quadratic_full' in its config.json to load it as it was trained"
+            )
+        return super().from_dict(config_dict, **kwargs)
 
     def _check_linear_attention(self) -> None:
         check_choice("linear_attention_feature_map", self.linear_attention_feature_map, FEATURE_MAPS)
