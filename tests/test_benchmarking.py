@@ -1,33 +1,45 @@
 """The shared timing helper: run counts, the time budget, the median."""
 
-import time
-
 from hf_icl.benchmarks import emit_markdown, median_seconds
 
 
-def counting_sleeper(seconds: float):
+class FakeClock:
+    """A clock that only moves when a run says it took time: the tests never depend on the machine's speed."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def ticking(clock: FakeClock, seconds_per_call):
+    """A run that takes ``seconds_per_call(k)`` seconds of the fake clock on its k-th call, and the list of calls."""
     calls = []
 
     def run():
+        clock.now += seconds_per_call(len(calls))
         calls.append(1)
-        time.sleep(seconds)
 
     return run, calls
 
 
-def test_median_seconds_runs_warmup_plus_repeats_and_measures_the_sleep():
-    run, calls = counting_sleeper(0.01)
-    median = median_seconds(run, 5, "cpu", warmup=2)
+def test_median_seconds_runs_warmup_plus_repeats_and_returns_the_median():
+    clock = FakeClock()
+    durations = [9.0, 9.0, 0.3, 0.1, 0.5, 0.2, 0.4]  # two warm-up runs (not timed), then five timed ones
+    run, calls = ticking(clock, durations.__getitem__)
+    median = median_seconds(run, 5, "cpu", warmup=2, clock=clock)
     assert len(calls) == 7
-    assert 0.009 <= median < 0.05
+    assert abs(median - 0.3) < 1e-12  # the median of 0.3, 0.1, 0.5, 0.2, 0.4
 
 
 def test_time_budget_stops_repeating_early_but_times_at_least_once():
-    run, calls = counting_sleeper(0.02)
-    median_seconds(run, 100, "cpu", warmup=0, budget_s=0.05)
-    assert 3 <= len(calls) <= 4  # stops once 0.05 s of timed runs are spent
-    run, calls = counting_sleeper(0.02)
-    median_seconds(run, 100, "cpu", warmup=0, budget_s=0.0)
+    clock = FakeClock()
+    run, calls = ticking(clock, lambda k: 0.02)
+    median_seconds(run, 100, "cpu", warmup=0, budget_s=0.05, clock=clock)
+    assert len(calls) == 3  # 0.02, 0.04 < 0.05: one more; 0.06 >= 0.05: stop
+    run, calls = ticking(clock, lambda k: 0.02)
+    median_seconds(run, 100, "cpu", warmup=0, budget_s=0.0, clock=clock)
     assert len(calls) == 1
 
 

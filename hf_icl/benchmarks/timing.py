@@ -10,13 +10,20 @@ import torch
 
 
 def median_seconds(
-    fn: Callable, repeats: int, device: str | torch.device, *inputs, warmup: int = 1, budget_s: float = float("inf")
+    fn: Callable,
+    repeats: int,
+    device: str | torch.device,
+    *inputs,
+    warmup: int = 1,
+    budget_s: float = float("inf"),
+    clock: Callable[[], float] = time.perf_counter,
 ) -> float:
     """Median time of ``fn(*inputs)`` over ``repeats`` runs after ``warmup`` runs.
 
     On CUDA each run is timed with a pair of CUDA events (GPU time between them, launch queue included); on CPU
-    with ``time.perf_counter``, and there the repeats stop early once the timed runs have used ``budget_s``
-    seconds (at least one run is timed), so slow baselines do not dominate a benchmark's wall time.
+    with ``clock`` (``time.perf_counter``; tests pass a fake one, so no test depends on the machine's speed), and
+    there the repeats stop early once the timed runs have used ``budget_s`` seconds (at least one run is timed), so
+    slow baselines do not dominate a benchmark's wall time.
     """
     for _ in range(warmup):
         fn(*inputs)
@@ -24,9 +31,9 @@ def median_seconds(
         return _median_cuda_seconds(fn, repeats, inputs)
     samples = []
     while len(samples) < repeats and (not samples or sum(samples) < budget_s):
-        start = time.perf_counter()
+        start = clock()
         fn(*inputs)
-        samples.append(time.perf_counter() - start)
+        samples.append(clock() - start)
     return statistics.median(samples)
 
 
