@@ -200,8 +200,9 @@ def test_kernel_route_equals_the_pytorch_route(policy, budget, padded, ranges, m
     for backend in ("triton", "reference"):
         module = _module(backend=backend, policy=policy, sparsity=0.6, budget=budget, topk=2)
         out, _ = cab_attention_forward(module, q, k, v, mask)
-        grads = torch.autograd.grad((out * torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out)).sum(),
-                                    (q, k, v))
+        grads = torch.autograd.grad(
+            (out * torch.linspace(-1, 1, out.numel(), device=DEVICE).view_as(out)).sum(), (q, k, v)
+        )
         results.append((out, *grads))
     for name, a, b in zip(("out", "dq", "dk", "dv"), *results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)

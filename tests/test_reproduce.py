@@ -115,9 +115,8 @@ def test_linear_fit_on_the_scalar_estimate_is_least_squares(per_position):
 
 
 def test_a_model_that_learned_nothing_makes_its_claim_untestable():
-    from hf_icl.reproduce.runs import Subject, judge, learned
+    from hf_icl.reproduce.runs import Subject, judge
 
-    assert learned([1.0, 0.85], trivial=1.0) and not learned([0.95, 1.02], trivial=1.0)
     nothing = Subject("SGPT", error=0.95, trivial=1.0)  # above 0.9 × the trivial error
     something = Subject("GPT-2", error=0.85, trivial=1.0)
     for holds in (True, False, None):  # whatever the direction

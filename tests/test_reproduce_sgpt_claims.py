@@ -3,16 +3,18 @@ prompts longer than the trained ones, and the testability rule applied to every 
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
 import torch
+from test_reproduce import TOY as REPRODUCE_TOY
 
 from hf_icl.evaluation.context_scaling import TRIVIAL
 from hf_icl.modeling.sgpt import feature_map, prompt_matrix
 from hf_icl.reproduce import reproduce
 from hf_icl.reproduce.runs import VERDICTS, Report
-from hf_icl.reproduce.sgpt import Context, Scale
+from hf_icl.reproduce.sgpt import Context
 from hf_icl.reproduce.sgpt_common import best_of, subject
 from hf_icl.reproduce.sgpt_hilbert import (
     ConsistencyCurve,
@@ -23,20 +25,7 @@ from hf_icl.reproduce.sgpt_hilbert import (
     uniform_ball_noise_sampler,
 )
 
-TOY = Scale(
-    "toy",
-    steps=2,
-    batch_size=4,
-    eval_prompts=16,
-    n_embd=8,
-    n_layer=1,
-    n_head=1,
-    mlp_width=8,
-    learning_rate=1e-3,
-    full=False,
-    hilbert_prompts=64,
-    hilbert_max_log2=7,
-)
+TOY = replace(REPRODUCE_TOY, eval_prompts=16)  # the SGPT figures' toy scale, with more evaluation prompts
 
 
 def pareto_weight_squares(n: int, samples: int, seed: int = 0) -> tuple[float, float]:

@@ -168,7 +168,14 @@ def cab_attention_forward(
     elif route.name == "triton_decode":
         indices, counts = _kernel_selection(query, key, params, scaling)
         out = token_sparse_decode(
-            query, key, value, indices, counts, block_size=params.block_size, scaling=scaling, q_offset=q_offset,
+            query,
+            key,
+            value,
+            indices,
+            counts,
+            block_size=params.block_size,
+            scaling=scaling,
+            q_offset=q_offset,
             group_heads=params.policy in _HEAD_INDEPENDENT,
         )
     else:
@@ -345,7 +352,12 @@ def select_cab_blocks(
     if backend == "triton" and fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid):
         backend = "reference"  # a selection the fused kernel cannot run (padding, oracle) stays on PyTorch
     return select_token_blocks(
-        query, key, scaling=scaling, score=params.score, key_valid=key_valid, backend=backend,
+        query,
+        key,
+        scaling=scaling,
+        score=params.score,
+        key_valid=key_valid,
+        backend=backend,
         **params.selection_rule(),
     )
 

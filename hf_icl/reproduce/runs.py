@@ -168,12 +168,6 @@ def judge(holds: bool | None, subjects: Sequence[Subject] = ()) -> tuple[str, st
     return (VERDICTS[0] if holds else VERDICTS[1]), ""
 
 
-def learned(errors: list[float], trivial: float, factor: float = LEARNED_FACTOR) -> bool:
-    """True when a model beat ``factor`` times the zero predictor's error somewhere: a model that never did
-    learned nothing at this budget, and whether it scales cannot be told from its curves."""
-    return min(errors) < factor * trivial
-
-
 def improves(errors: list[float], factor: float = 0.8) -> bool:
     """True when the last error is below ``factor`` times the first (a curve that scales)."""
     return errors[-1] < factor * errors[0]

@@ -112,11 +112,6 @@ def expected_embedding(f: torch.Tensor, class_embeddings: torch.Tensor) -> torch
     return (f @ class_embeddings).softmax(dim=-1) @ class_embeddings.T
 
 
-def context_counts(n_points: int, device=None, dtype=None) -> torch.Tensor:
-    """``(N, 1)``: position ``i`` has ``i`` context pairs; position 0 (none) counts 1 (its update is empty anyway)."""
-    return torch.arange(n_points, device=device, dtype=dtype).clamp_min(1).unsqueeze(-1)
-
-
 def causal_context_mask(n_points: int, device=None) -> torch.Tensor:
     """``(N, N)`` bool, True at ``[i, j]`` for ``j < i``: the context pairs position ``i`` may use."""
     return torch.ones(n_points, n_points, dtype=torch.bool, device=device).tril(-1)
@@ -174,7 +169,7 @@ def functional_gd_step(
     residuals = label_embeddings - expected_embedding(f, class_embeddings)
     update = weights @ residuals
     if normalize_by_count:
-        update = update / context_counts(f.shape[-2], f.device, f.dtype)
+        update = update / pair_counts(causal_context_mask(f.shape[-2], f.device), f.dtype)
     return f + learning_rate * update
 
 
