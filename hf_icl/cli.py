@@ -242,6 +242,7 @@ def run_evaluate(args) -> int:
     from .data.tasks import make_task
     from .evaluation import evaluate_context_scaling, ood_task
     from .modeling import MODEL_CLASSES
+    from .modeling.model_folder import verify_model_folder
     from .training import ICLTrainingArguments
     from .training.trainer import TRAINING_ARGS_FILE, build_task
 
@@ -287,7 +288,10 @@ def run_evaluate(args) -> int:
     if args.ood:
         family = ood_task(family, args.ood)
     predictors = _estimators(args.estimators, family)
-    model = AutoModel.from_pretrained(source)
+    local = Path(source).is_dir()
+    if local:  # after the argument checks, before the weights are used: manifest, headers, config vs weights, finite
+        verify_model_folder(source, config)
+    model = AutoModel.from_pretrained(source, verify=not local)  # a local folder was just verified
     if device is not None:
         model.to(device)  # --device runs the model (and the estimators) there
     predictors = {model.config.model_type: model, **predictors}
@@ -316,8 +320,12 @@ def _run_suite(args, source: str, family, output_dir: Path, device) -> int:
     from transformers import AutoModel
 
     from .evaluation.garg_suite import SUMMARY_FILE, run_garg_suite, summary_markdown
+    from .modeling.model_folder import verify_model_folder
 
-    model = AutoModel.from_pretrained(source)
+    local = Path(source).is_dir()
+    if local:  # before the weights are used: manifest, safetensors headers, config against weights, finite weights
+        verify_model_folder(source)
+    model = AutoModel.from_pretrained(source, verify=not local)  # a local folder was just verified
     if device is not None:
         model.to(device)
     document = run_garg_suite(
@@ -338,15 +346,19 @@ def _run_suite(args, source: str, family, output_dir: Path, device) -> int:
 
 def run_push(args) -> int:
     """Upload a trained model folder; access is checked before anything is read or sent."""
+    from .modeling.model_folder import verify_model_folder
     from .training.hub import check_hub_access, check_model_folder, push_model_folder
 
     folder = Path(args.folder).expanduser()
     if not folder.is_dir():
         raise CLIError(f"FOLDER {args.folder}: no such directory (pass a folder written by hf-icl train)")
     check_model_folder(folder)
+    verify_model_folder(folder)  # a damaged model is never published (checked before the Hub is asked)
     user = check_hub_access(args.repo_id)
     print(f"pushing {folder} to {args.repo_id} as {user}", file=sys.stderr)
-    url = push_model_folder(folder, args.repo_id, private=args.private, commit_message=args.commit_message)
+    url = push_model_folder(
+        folder, args.repo_id, private=args.private, commit_message=args.commit_message, verify=False
+    )
     print(url)
     return 0
 
@@ -541,7 +553,11 @@ def _load_causal_lm(source: str, gguf: dict, dtype: str, device):
     import torch
     from transformers import AutoModelForCausalLM
 
+    from .modeling.model_folder import verify_model_folder
+
     device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if not gguf and Path(source).is_dir():  # a GGUF file is transformers' to parse; a folder is checked first
+        verify_model_folder(source)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, attn_implementation="sdpa", **gguf)
     return model.to(device).eval()
 
@@ -763,8 +779,33 @@ def run_bench(argv: list[str]) -> int:
         width = max(map(len, BENCHMARKS)) + 2  # every description starts in the same column
         print("\n".join(f"  {name:<{width}}{what}" for name, what in BENCHMARKS.items()))
         return 0
-    run_benchmark(argv[0], argv[1:])
+    try:
+        run_benchmark(argv[0], argv[1:])
+    except (RuntimeError, MemoryError) as err:  # a size past the up-front estimates: torch's allocation failure
+        raise _allocation_error(err, argv) from None
     return 0
+
+
+def _allocation_error(err: BaseException, argv: list[str]) -> BaseException:
+    """A ``CLIError`` naming the numeric flags given in ``argv`` if ``err`` is a failed memory allocation (torch's
+    ``RuntimeError`` / ``OutOfMemoryError``, ``MemoryError``); ``err`` itself otherwise."""
+    from .validation import allocation_failure
+
+    failure = allocation_failure(err)
+    if failure is None:
+        return err
+    pairs = zip(argv, argv[1:], strict=False)
+    sizes = [f"{flag} {value}" for flag, value in pairs if flag.startswith("--") and _numeric(value)]
+    hint = f"reduce the sizes given ({', '.join(sizes)})" if sizes else "use smaller sizes"
+    return CLIError(f"{failure}; {hint}")
+
+
+def _numeric(text: str) -> bool:
+    try:
+        float(text.split(",")[0])
+    except ValueError:
+        return False
+    return True
 
 
 # -- parser --------------------------------------------------------------------------------------
@@ -1067,6 +1108,8 @@ def run_reproduce(args) -> int:
     for flag, value in (("--steps", args.steps), ("--mlp-steps", args.mlp_steps)):
         if value is not None:
             check_int(flag, value, low=1)
+    check_int("--seed", args.seed, low=0)
+    _writable("--output-dir", args.output_dir, directory=True)
     command = (
         "hf-icl " + " ".join(sys.argv[1:])
         if sys.argv[1:2] == ["reproduce"]
@@ -1099,6 +1142,17 @@ def main(argv=None) -> int:
         return args.run(args)
     except (ValueError, OSError) as err:  # user errors (bad values, missing files, no Hub): one line, no traceback
         print(f"hf-icl {command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    # a diverged run names the checkpoint to resume from: one line too (the class, looked up only when an error
+    # propagates, exists once training was imported; () matches nothing)
+    except getattr(sys.modules.get("hf_icl.training.trainer"), "TrainingDivergedError", ()) as err:
+        print(f"hf-icl {command}: error: {_one_line(err)}", file=sys.stderr)
+        return 2
+    except (RuntimeError, MemoryError) as err:  # an absurd size: torch's allocation failure, as one line
+        failure = _allocation_error(err, argv)
+        if failure is err:
+            raise
+        print(f"hf-icl {command}: error: {_one_line(failure)}", file=sys.stderr)
         return 2
 
 

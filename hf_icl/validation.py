@@ -88,7 +88,100 @@ def check_device(name: str, value: Any):
     return device
 
 
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is ``True`` or ``False``; raise ``ValueError`` otherwise (``"yes"``, 1, None)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
+def check_writable_dir(name: str, path: Any):
+    """``path`` as a ``Path`` if it is a directory that exists or can be created: what exists of it must be a
+    directory, and its deepest existing ancestor a writable directory; raise ``ValueError`` otherwise. Creates
+    nothing (call it before any work)."""
+    import os
+    from pathlib import Path
+
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():
+        raise ValueError(f"{name} must be a directory path, got {path!r}")
+    target = Path(path).expanduser()
+    if target.exists():
+        if not target.is_dir():
+            raise ValueError(f"{name} must be a directory (created if missing), got an existing file: {path}")
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise ValueError(f"{name} {path}: the directory is not writable (permission denied)")
+        return target
+    for ancestor in target.parents:
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                raise ValueError(f"{name} {path}: {ancestor} is a file, so nothing can be created below it")
+            if not os.access(ancestor, os.W_OK | os.X_OK):
+                raise ValueError(f"{name} {path}: {ancestor} is not writable (permission denied)")
+            break
+    return target
+
+
 def _interval(low, high, low_inclusive: bool = True) -> str:
     left = "(-inf" if low is None else ("[" if low_inclusive else "(") + str(low)
     right = "+inf)" if high is None else f"{high}]"
     return f"{left}, {right}"
+
+
+def format_bytes(nbytes: float) -> str:
+    """``1.5 GB``-style size (decimal units) for error messages."""
+    for unit in ("bytes", "kB", "MB", "GB", "TB", "PB"):
+        if abs(nbytes) < 1000 or unit == "PB":
+            return f"{nbytes:.0f} {unit}" if unit == "bytes" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1000
+    raise AssertionError("unreachable")
+
+
+def memory_capacity(device=None) -> int | None:
+    """Bytes of memory on ``device`` (None or cpu: this machine's RAM; cuda: that GPU's); None if unknown."""
+    import os
+
+    import torch
+
+    device = torch.device("cpu" if device is None else device)
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_properties(device.index or 0).total_memory
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        try:
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            return None
+    return None
+
+
+def check_memory(name: str, nbytes: float, device=None, *, what: str = "its tensors") -> None:
+    """Raise ``ValueError`` naming ``name`` (the sizes that set it, e.g. ``"--batch-size 1000000000000"``) when
+    ``nbytes`` (an up-front lower bound of what a call allocates) exceeds the memory of ``device``; a cheap check
+    made before any work, so an absurd size is one clear error rather than torch's allocation failure."""
+    capacity = memory_capacity(device)
+    if capacity is not None and nbytes > capacity:
+        where = "this machine's RAM" if device is None or str(device) == "cpu" else f"the memory of {device}"
+        raise ValueError(
+            f"{name} needs at least {format_bytes(nbytes)} for {what}, more than {where} ({format_bytes(capacity)}); "
+            "use smaller sizes"
+        )
+
+
+def allocation_failure(error: BaseException) -> str | None:
+    """A one-line description of ``error`` if it is a failed memory allocation (``MemoryError``,
+    ``torch.OutOfMemoryError``, the CPU allocator's ``RuntimeError``), else None."""
+    import re
+
+    text = str(error)
+    if isinstance(error, MemoryError):
+        return "out of memory (MemoryError)"
+    if not isinstance(error, RuntimeError):
+        return None
+    found = re.search(r"(?:tried to allocate|allocate) (\d+(?:\.\d+)?) ?(bytes|[KMGT]i?B)", text)
+    cuda = "CUDA out of memory" in text or type(error).__name__ == "OutOfMemoryError"
+    if not (cuda or "can't allocate memory" in text or "not enough memory" in text):
+        return None
+    size = ""
+    if found:
+        number, unit = found.groups()
+        size = f" {format_bytes(float(number))}" if unit == "bytes" else f" {number} {unit}"
+    return f"out of memory: {'the GPU' if cuda else 'the CPU allocator'} could not allocate{size}"

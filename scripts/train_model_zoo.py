@@ -120,6 +120,7 @@ RECIPES: dict[str, dict] = {
         "learning_rate": 1e-3,
     },
 }
+MANIFEST_FILE = "manifest.json"  # hf_icl.modeling.manifest.MANIFEST_FILE (kept here so --help needs no torch)
 #: what a user of a zoo model needs; the trainer's checkpoints/ and tracker logs stay in the work dir
 SHIPPED_FILES = (
     "config.json",
@@ -129,6 +130,7 @@ SHIPPED_FILES = (
     "metrics.json",
     "context_scaling.png",
     "context_scaling.csv",
+    MANIFEST_FILE,  # the sha256 of the model files, written for the shipped folder (every loader verifies it)
 )
 DEFAULT_OUTPUT = "models"
 DEFAULT_WORK_DIR = "outputs/zoo-work"
@@ -465,6 +467,7 @@ def rewrite_card(folder: Path, args, evaluation, *, scalars: dict, command: str,
 def train_one(name: str, options: argparse.Namespace) -> dict:
     """Train recipe ``name``, evaluate it for its card, ship it into ``options.output/name``; returns a summary
     line's numbers."""
+    from hf_icl.modeling.model_folder import write_model_manifest
     from hf_icl.training import train
 
     args = training_arguments(
@@ -484,7 +487,9 @@ def train_one(name: str, options: argparse.Namespace) -> dict:
         shutil.rmtree(shipped)
     shipped.mkdir(parents=True)
     for file in SHIPPED_FILES:
-        shutil.copy2(work / file, shipped / file)
+        if file != MANIFEST_FILE:
+            shutil.copy2(work / file, shipped / file)
+    write_model_manifest(shipped)  # after the last model file is in place
     summary = {
         "name": name,
         "seconds": round(seconds, 1),
@@ -535,7 +540,8 @@ ZOO_README = """# The hf_icl model zoo
 
 One trained checkpoint per ICL architecture of `hf_icl`, each a `save_pretrained` folder with a Hub model card
 (task, size, training command, measured metrics with bands over evaluation seeds), its training arguments,
-`metrics.json` and the context-scaling curve and plot. Load any of them with transformers' Auto classes:
+`metrics.json`, the context-scaling curve and plot, and a `manifest.json` (the sha256 of the model files: loading a
+folder verifies it first, with its config against its weights). Load any of them with transformers' Auto classes:
 
 ```python
 import torch

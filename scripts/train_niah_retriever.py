@@ -38,6 +38,7 @@ from transformers import (
 
 from hf_icl.data.niah import DEFAULT_NEEDLE, DEFAULT_QUESTION, FILLER_SENTENCES, NeedleInAHaystackConfig
 from hf_icl.evaluation.niah import greedy_answer
+from hf_icl.modeling.model_folder import write_model_manifest
 
 EOS = "<|endoftext|>"
 
@@ -260,6 +261,7 @@ def main(argv: list[str] | None = None) -> dict[int, float]:
     model.config.use_cache = True  # the Trainer turns the KV cache off for training; users expect it on
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+    write_model_manifest(out)  # hf_icl's loaders check a folder against it
     held_out = NeedleInAHaystackConfig(
         tokenizer=tokenizer,
         context_lengths=args.eval_lengths,

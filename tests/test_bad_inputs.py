@@ -23,7 +23,7 @@ from hf_icl.attention import CABParams, block_sparse_attention
 from hf_icl.cli import main
 from hf_icl.data.builders import ICLTasks
 from hf_icl.data.niah import NeedleInAHaystackConfig
-from hf_icl.data.tasks import get_task
+from hf_icl.data.tasks import get_task, iterate_prompts
 from hf_icl.estimators import get_estimator
 from hf_icl.evaluation import evaluate_context_scaling, evaluate_task_scaling, ood_task
 from hf_icl.kernels import (
@@ -482,6 +482,13 @@ KERNEL_ROWS = [
 ]
 
 TASK_ROWS = [
+    # a device this machine lacks: the argument named, not torch's "Torch not compiled with CUDA" assertion (issue 30)
+    row("task-sample-device", lambda: LINEAR.sample(2, 3, seed=0, device="cuda:7"), ["device", "cuda:7"]),
+    row(
+        "task-iterate-device",
+        lambda: next(iterate_prompts(LINEAR, 2, 3, seed=0, device="cuda:7")),
+        ["device", "cuda:7"],
+    ),
     row("task-unknown", lambda: get_task("linear_regresion", n_dims=3), ["linear_regresion", "linear_regression"]),
     row("task-n-dims", lambda: get_task("linear_regression", n_dims=0), ["n_dims", "got 0", "[1, +inf)"]),
     row("task-n-dims-string", lambda: get_task("linear_regression", n_dims="3"), ["n_dims", "'3'", "integer"]),

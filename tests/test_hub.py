@@ -16,7 +16,14 @@ from hf_icl.training.hub import (
 )
 
 #: what a model repo must receive from a training run (the weights, config, card, plot, arguments)
-MODEL_FILES = {"config.json", "model.safetensors", "README.md", "context_scaling.png", "training_args.json"}
+MODEL_FILES = {
+    "config.json",
+    "model.safetensors",
+    "README.md",
+    "context_scaling.png",
+    "training_args.json",
+    "manifest.json",  # the sha256 of the model files (the checkpoints' manifests stay behind)
+}
 
 
 class FakeHfApi:

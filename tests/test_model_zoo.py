@@ -3,6 +3,7 @@ Hub card, loads with ``AutoModel`` and, on the prompts of a seed its card did no
 states at the last position (the card's band is a prediction interval for one more evaluation seed of the same size,
 so this is the check a user's own evaluation makes)."""
 
+import hashlib
 import importlib.util
 import json
 import re
@@ -19,6 +20,7 @@ from transformers import AutoModel
 import hf_icl  # noqa: F401  (registers hf_icl's architectures with the Auto classes)
 from hf_icl.data.tasks import get_task
 from hf_icl.evaluation import evaluate_context_scaling
+from hf_icl.modeling.model_folder import verify_model_folder
 from hf_icl.training.model_card import card_seeds, prediction_interval, read_card_results, write_model_card
 from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
@@ -85,6 +87,22 @@ def test_folder_is_small_and_holds_only_the_shipped_files(name):
     folder = MODELS / name
     assert {p.name for p in folder.iterdir()} == SHIPPED_FILES  # no checkpoints/, optimizer state or logs
     assert sum(p.stat().st_size for p in folder.iterdir()) <= MAX_BYTES
+
+
+@pytest.mark.parametrize("name", [*sorted(ZOO), *sorted(NOT_IN_ZOO)])
+def test_folder_has_a_manifest_of_its_model_files_and_verifies(name):
+    """Every shipped folder lists the sha256 and size of its model files (checked here with hashlib, not hf_icl's
+    code) and passes the check every loader runs: manifest, safetensors header, config against weights, finite."""
+    folder = MODELS / name
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["format"] == "hf_icl-model" and manifest["format_version"] == 1
+    model_files = {"config.json", "model.safetensors", "training_args.json", "generation_config.json"}
+    listed = {p.name for p in folder.iterdir() if p.name in model_files}
+    assert set(manifest["files"]) == listed and {"config.json", "model.safetensors"} <= listed
+    for file, entry in manifest["files"].items():
+        data = (folder / file).read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}, file
+    verify_model_folder(folder)
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -289,6 +307,7 @@ def test_the_script_trains_ships_and_indexes_a_model(tmp_path, capsys, monkeypat
     zoo_script.main([*argv, "--output", str(output), "--work-dir", str(work)])
     folder = output / "kernel-icl-sinusoid"
     assert {p.name for p in folder.iterdir()} == SHIPPED_FILES
+    verify_model_folder(folder)  # its manifest lists the shipped model files
     assert (work / "kernel-icl-sinusoid" / "checkpoints").is_dir()  # checkpoints stay in the work dir
     args = json.loads((folder / "training_args.json").read_text())
     assert args["max_steps"] == 12 and args["eval_prompts"] == 64  # 6000 × 0.002
@@ -314,6 +333,7 @@ def test_the_script_trains_ships_and_indexes_a_model(tmp_path, capsys, monkeypat
                      "--device", "cpu", "--output", str(output)])  # fmt: skip
     assert {file: (folder / file).read_bytes() for file in kept} == kept
     assert {p.name for p in folder.iterdir()} == SHIPPED_FILES
+    verify_model_folder(folder)  # the card, metrics and plot were rewritten; the model files, and so the manifest, not
     claim = max(read_card_results(folder), key=lambda r: r["n_examples"])
     assert claim["seeds"] == card_seeds(EVAL_SEED_OFFSET, 3) and claim["n_prompts"] == 32
     card = (folder / "README.md").read_text()

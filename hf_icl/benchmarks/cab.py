@@ -57,8 +57,8 @@ from hf_icl.kernels.roofline import H100_SXM, DevicePeaks, block_sparse_floor, d
 from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
 from hf_icl.kernels.token_sparse import token_sparse_attention
 
-from ..options import OptionParser
 from . import cab_pairs
+from .flags import BenchParser, bench_memory, check_flags
 from .timing import emit_markdown, median_seconds
 
 GPU_DEFAULTS = {
@@ -530,7 +530,9 @@ def _ratio(numerator, denominator) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(
+        prog="hf-icl bench cab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes through every section (CI / interpreter)")
     parser.add_argument("--lengths", type=int, nargs="+")
@@ -568,9 +570,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
             setattr(args, name, value)
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda: no CUDA device is visible")
-    args.shapes = [tuple(int(x) for x in shape.split(",")) for shape in args.shapes]
-    if any(len(shape) != 3 for shape in args.shapes):
-        parser.error(f"--shapes takes B,H,D triples, got {args.shapes}")
+    _check_sizes(parser, args)
     args.dtype_name, args.dtype, args.device = args.dtype, getattr(torch, args.dtype), torch.device(args.device)
     try:
         args.peaks = DevicePeaks(bandwidth=args.peak_bandwidth, flop_rate=args.peak_flops)
@@ -582,6 +582,47 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if problem:
         parser.error(problem)
     return args
+
+
+def _check_sizes(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Every size and fraction flag in range (and ``--shapes`` parsed to ``(B, H, D)`` triples) before any work."""
+    shapes = []
+    for text in args.shapes:
+        parts = text.split(",")
+        if len(parts) != 3 or not all(part.strip().isdigit() and int(part) >= 1 for part in parts):
+            parser.error(f"--shapes takes B,H,D triples of positive integers, e.g. 1,12,64, got {text!r}")
+        shapes.append(tuple(int(part) for part in parts))
+    args.shapes = shapes
+    check_flags(
+        parser,
+        args,
+        ints={
+            "lengths": (1, None),
+            "model_lengths": (1, None),
+            "cache_lengths": (1, None),
+            "model_layers": (1, None),
+            "repeats": (1, None),
+            "warmup": (0, None),
+            "block_size": (16, 128),
+        },
+        floats={"sparsities": (None, None, True), "model_sparsity": (None, None, True)},  # finite
+    )
+    if args.block_size & (args.block_size - 1):
+        parser.error(f"--block-size must be a power of two in [16, 128], got {args.block_size}")
+    for name in ("sparsities", "model_sparsity"):
+        values = getattr(args, name)
+        if any(not 0 <= value < 1 for value in (values if isinstance(values, list) else [values])):
+            flag = "--" + name.replace("_", "-")
+            parser.error(f"{flag} must lie in [0, 1) (the fraction of blocks dropped), got {values}")
+    longest, itemsize = max(args.lengths), getattr(torch, args.dtype).itemsize
+    widest = max(shapes, key=lambda shape: shape[0] * shape[1] * shape[2])
+    bench_memory(
+        parser,
+        f"--lengths {longest} --shapes {','.join(map(str, widest))}",
+        3 * itemsize * longest * widest[0] * widest[1] * widest[2],
+        args.device,
+        "q, k and v",
+    )
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -548,7 +548,7 @@ def configure(args, argv: list[str]) -> str | None:
         return f"--pairs-lengths must be positive token counts, got {args.pairs_lengths}"
     if any(not 0 <= s < 1 for s in args.pairs_sparsities):
         return f"--pairs-sparsities must lie in [0, 1), got {args.pairs_sparsities}"
-    if args.pairs_budget <= 0:
+    if not args.pairs_budget > 0:  # NaN too
         return f"--pairs-budget must be positive seconds, got {args.pairs_budget}"
     if args.qk is None and not args.smoke and DEFAULT_CAPTURE.expanduser().is_file():
         args.qk = str(DEFAULT_CAPTURE.expanduser())

@@ -17,7 +17,7 @@ import torch
 
 from hf_icl.estimators import get_estimator
 
-from ..options import OptionParser
+from .flags import BenchParser, bench_device, bench_memory, check_flags
 from .timing import median_seconds
 
 # Vectorised estimators timed at the full batch, with the arguments used for the table.
@@ -41,7 +41,9 @@ SLOW = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(
+        prog="hf-icl bench estimators", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch", type=int, default=1280, help="prompts per batch (B)")
     parser.add_argument("--n-points", type=int, default=41, help="examples per prompt (N)")
     parser.add_argument("--n-dims", type=int, default=20, help="input dimension (d)")
@@ -57,7 +59,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--budget", type=float, default=10.0, help="seconds of timed runs per estimator in the second table"
     )
     parser.add_argument("--output", default=None, help="append the markdown report to this file")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    positive = ("batch", "n_points", "n_dims", "repeats", "threads", "all_batch", "all_repeats")
+    check_flags(
+        parser,
+        args,
+        ints={**{name: (1, None) for name in positive}, "warmup": (0, None)},
+        floats={"budget": (0.0, None, True)},
+    )
+    bench_device(parser, args.device)
+    bench_memory(  # the float32 prompts alone: a lower bound of the peak
+        parser,
+        f"--batch {args.batch} --n-points {args.n_points} --n-dims {args.n_dims}",
+        4 * max(args.batch, args.all_batch) * args.n_points * (args.n_dims + 1),
+        args.device,
+        "the float32 prompts",
+    )
+    return args
 
 
 def make_prompts(batch: int, n_points: int, n_dims: int, seed: int, device: str):

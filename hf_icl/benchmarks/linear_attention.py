@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from hf_icl.kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
 from hf_icl.kernels.linear_attention_triton import CHUNK_SIZES
 
-from ..options import OptionParser
+from .flags import BenchParser, bench_memory
 from .timing import emit_markdown, median_seconds
 
 BASELINE = "sdpa"
@@ -92,7 +92,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OptionParser(
+    parser = BenchParser(
         prog="hf-icl bench linear-attention", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     cuda = torch.cuda.is_available()
@@ -116,7 +116,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="write the measurements as JSON to this file")
     args = parser.parse_args(argv)
     _check_args(parser, args)
-    return _fill_defaults(args)
+    return _fill_defaults(parser, args)
 
 
 def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -134,7 +134,7 @@ def _check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> No
         parser.error("--device cuda: CUDA is not available on this machine; use --device cpu")
 
 
-def _fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
+def _fill_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.Namespace:
     cuda = args.device == "cuda"
     args.lengths = args.lengths or list(GPU_LENGTHS if cuda else CPU_LENGTHS)
     args.dtype = args.dtype or ("bfloat16" if cuda else "float32")
@@ -142,6 +142,15 @@ def _fill_defaults(args: argparse.Namespace) -> argparse.Namespace:
     if args.memory_budget_gb is None:
         args.memory_budget_gb = _default_budget_bytes(args.device) / GIB
     args.torch_device, args.dtype_t = torch.device(args.device), getattr(torch, args.dtype)
+    batch, heads, dim = SHAPES[args.shape]
+    width, size = heads * dim, args.dtype_t.itemsize
+    bench_memory(  # the decode model's token and position tables, and its prefilled hidden states
+        parser,
+        f"--decode-vocab {args.decode_vocab} --decode-lengths {max(args.decode_lengths)}",
+        size * width * (args.decode_vocab + max(args.decode_lengths) + 1 + batch * max(args.decode_lengths)),
+        args.torch_device,
+        "the decode model's weights and prefill",
+    )
     return args
 
 

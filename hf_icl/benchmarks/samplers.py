@@ -13,7 +13,7 @@ import torch
 
 from hf_icl.data.tasks import available_tasks, get_task
 
-from ..options import OptionParser
+from .flags import BenchParser, bench_device, bench_memory, check_flags
 from .timing import emit_markdown, median_seconds
 
 # Families whose input dimension is part of their definition.
@@ -32,7 +32,9 @@ def time_family(name: str, args) -> tuple[int, float]:
 
 
 def main(argv=None) -> str:
-    parser = OptionParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = BenchParser(
+        prog="hf-icl bench samplers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--batch-size", type=int, default=1280)
     parser.add_argument("--n-points", type=int, default=41)
     parser.add_argument("--n-dims", type=int, default=20)
@@ -41,6 +43,17 @@ def main(argv=None) -> str:
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--output", default=None, help="append the markdown table to this file")
     args = parser.parse_args(argv)
+    positive = ("batch_size", "n_points", "n_dims", "repeats", "threads")
+    check_flags(parser, args, ints={name: (1, None) for name in positive})
+    device = bench_device(parser, args.device)
+    widest = max(args.n_dims, *FIXED_DIMS.values()) + 1  # an input row and its target
+    bench_memory(
+        parser,
+        f"--batch-size {args.batch_size} --n-points {args.n_points} --n-dims {args.n_dims}",
+        4 * args.batch_size * args.n_points * widest,
+        device,
+        "one batch of float32 prompts",
+    )
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -40,7 +40,7 @@ from hf_icl.data.tasks import get_task
 from hf_icl.modeling.gpt2_icl import GPT2ForInContextRegression, GPT2ICLConfig
 from hf_icl.modeling.sgpt import SGPTConfig, SGPTForInContextRegression, per_prefix_predictions
 
-from ..options import OptionParser
+from .flags import BenchParser, bench_memory
 from .timing import emit_markdown, median_seconds
 
 #: the speed-ups the issue asks for (reported as met or not, never asserted)
@@ -66,7 +66,7 @@ _POSITIVE = ("n_embd", "n_layer", "n_head", "n_dims", "n_points", "batch", "repe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OptionParser(
+    parser = BenchParser(
         prog="hf-icl bench sgpt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--n-embd", type=int, default=256, help="width of every model (default: the document's 256)")
@@ -96,6 +96,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.device == "cuda" and not torch.cuda.is_available():
         build = "a CPU-only torch build" if torch.version.cuda is None else "no GPU is visible"
         parser.error(f"--device cuda: CUDA is not available on this machine ({build}); use --device cpu")
+    tokens = 2 * args.batch * args.n_points  # GPT-2 ICL's interleaved tokens; the attention scores are per head
+    bench_memory(
+        parser,
+        f"--batch {args.batch} --n-points {args.n_points} --n-embd {args.n_embd} --n-layer {args.n_layer}",
+        4 * args.n_layer * tokens * (args.n_embd + args.n_head * 2 * args.n_points),
+        args.device,
+        "the activations one float32 forward saves",
+    )
     return args
 
 

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 
-from ..options import OptionParser
+from .flags import BenchParser, check_flags
 from .timing import emit_markdown
 
 #: case → Python code a fresh interpreter runs
@@ -49,14 +49,13 @@ def measure(repeats: int) -> dict[str, float]:
 
 
 def main(argv=None) -> str:
-    parser = OptionParser(
+    parser = BenchParser(
         prog="hf-icl bench startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--repeats", type=int, default=5, help="fresh interpreters per case")
     parser.add_argument("--output", default=None, help="append the markdown table to this file")
     args = parser.parse_args(argv)
-    if args.repeats < 1:
-        parser.error(f"--repeats must be at least 1, got {args.repeats}")
+    check_flags(parser, args, ints={"repeats": (1, None)})
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     medians = measure(args.repeats)
     baseline = medians["baseline: import torch, transformers.modeling_utils"]

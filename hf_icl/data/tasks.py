@@ -37,7 +37,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..validation import check_choice, check_float, check_int, check_range
+from ..validation import check_choice, check_device, check_float, check_int, check_range
 from .inputs import InputDistribution, UniformInputs, make_inputs
 
 TASK_REGISTRY: dict[str, type[TaskFamily]] = {}
@@ -63,6 +63,7 @@ def resolve_generator(
     """Pick the generator and device for a draw; a generator fixes the device it lives on."""
     if generator is not None and seed is not None:
         raise ValueError("pass either generator= or seed=, not both")
+    check_device("device", device)  # cuda on a CPU-only machine is a clear error, not torch's assertion
     if seed is not None:
         check_int("seed", seed, low=0)
         device = torch.device(device or "cpu")

@@ -28,7 +28,13 @@ class RandomFourierFeatures:
         scale: standard deviation of the frequencies, > 0.
         seed: seed of the generator that draws ``W``, in ``[0, 2**64 - 1]`` (what ``manual_seed`` takes).
 
-    Calling it maps ``xs (..., n_dims)`` to ``(..., 2 * n_frequencies)`` in ``xs``'s dtype and device.
+    Calling it maps ``xs (..., n_dims)`` to ``(..., 2 * n_frequencies)`` in ``xs``'s dtype and device. The inputs
+    must be finite, and their phases ``x·w`` resolvable: a ``ValueError`` names the first input whose bound
+    ``Σ_k |x_k| |w_k|`` on the phase exceeds :func:`max_rff_phase` of ``xs``'s dtype (``1 / eps``: 8.4e6 in
+    float32, 4.5e15 in float64). Past it neighbouring representable phases are a radian or more apart, so
+    ``cos`` and ``sin`` of the rounded phase are noise (still finite: an input of 1e20 would give finite,
+    meaningless features), and past ``finfo.max`` the product overflows to ``inf`` and the features are NaN.
+    Refusing is the only honest answer; nothing is clipped. The check is one device sync per call.
 
     >>> import torch
     >>> rff = RandomFourierFeatures()
@@ -56,14 +62,50 @@ class RandomFourierFeatures:
             raise ValueError(
                 f"xs must have shape (..., n_dims) = (..., {self.n_dims}) for this feature map, got {tuple(xs.shape)}"
             )
-        projection = xs @ self.frequencies.to(dtype=xs.dtype, device=xs.device)
+        frequencies = self.frequencies.to(dtype=xs.dtype, device=xs.device)
+        self._check_phases(xs, frequencies)
+        projection = xs @ frequencies
         return torch.cat([torch.cos(projection), torch.sin(projection)], dim=-1)
+
+    def _check_phases(self, xs: torch.Tensor, frequencies: torch.Tensor) -> None:
+        """Finite frequencies and inputs, phases within :func:`max_rff_phase` (one device sync)."""
+        if not bool(torch.isfinite(self.frequencies).all()):  # a CPU tensor: free
+            raise ValueError(f"frequencies must be finite, got {self.frequencies.tolist()}")
+        limit = max_rff_phase(xs.dtype)
+        finite = torch.isfinite(xs).all(dim=-1)
+        phase = (xs.abs() @ frequencies.abs()).amax(dim=-1)  # |x·w| <= Σ_k |x_k| |w_k|; an overflow is inf: refused
+        ok = finite & (phase <= limit)
+        if bool(ok.all()):
+            return
+        index = tuple((~ok).nonzero()[0].tolist())
+        row = xs[index]
+        where = f"xs[{', '.join(map(str, index))}]" if index else "xs"
+        if not bool(finite[index]):
+            bad = row[~torch.isfinite(row)][0].item()
+            raise ValueError(f"xs must hold finite values only, got {bad} in {where}")
+        raise ValueError(
+            f"xs holds an input too large for random Fourier features in {str(xs.dtype).removeprefix('torch.')}: "
+            f"{where} has max |x| = {row.abs().max().item():.6g}, so its phase x·w reaches up to "
+            f"{phase[index].item():.6g}, above {limit:.6g} (1 / eps: past it cos and sin of the rounded phase are "
+            "noise); scale the inputs down or use float64"
+        )
 
     def __repr__(self) -> str:
         return (
             f"RandomFourierFeatures(n_dims={self.n_dims}, n_frequencies={self.n_frequencies}, "
             f"scale={self.scale:g}, seed={self.seed})"
         )
+
+
+def max_rff_phase(dtype: torch.dtype) -> float:
+    """The largest phase ``|x·w|`` :class:`RandomFourierFeatures` accepts in ``dtype``: ``1 / eps``, where the
+    spacing of representable numbers reaches one radian.
+
+    >>> import torch
+    >>> max_rff_phase(torch.float32), max_rff_phase(torch.float64)
+    (8388608.0, 4503599627370496.0)
+    """
+    return 1.0 / torch.finfo(dtype).eps
 
 
 class OnFeatures(InContextEstimator):

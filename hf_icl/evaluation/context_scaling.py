@@ -166,6 +166,11 @@ def evaluate_context_scaling(
 
     Returns:
         A :class:`ContextScalingResult` with one curve per predictor and ``"trivial"``.
+
+    Raises:
+        ValueError: among others, when a predictor (model or estimator) returns a NaN or infinite prediction; the
+            message names the predictor, the prompt and the position (checked once per batch,
+            :func:`~hf_icl.evaluation.predictors.check_finite_predictions`), instead of drawing a NaN curve.
     """
     predictors = check_predictors(models_and_estimators, reserved=(TRIVIAL,))
     family = make_task(task)

@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..validation import check_int
+from ..validation import check_device, check_int
 from .metrics import PositionMetric
 
 Predictor = Callable[[torch.Tensor, torch.Tensor], Any]
@@ -138,7 +138,7 @@ def score_predictor(
     fed in chunks of ``batch_size`` prompts (all at once by default)."""
     n_prompts = xs.shape[0]
     batch_size = n_prompts if batch_size is None else check_int("batch_size", batch_size, low=1)
-    device = torch.device(device or "cpu")
+    device = check_device("device", device) or torch.device("cpu")
     is_model = isinstance(predictor, nn.Module)
     if is_model:
         device = model_device(predictor, device)
@@ -151,8 +151,25 @@ def score_predictor(
         else:
             preds = predictor(xs_chunk, ys_chunk.to(xs_chunk.dtype))
         check_output_shape(preds, metric, ys_chunk, name)
+        check_finite_predictions(preds, metric.target_kind, name, start)
         chunks.append(metric.per_prompt(preds.detach(), ys_chunk).cpu())
     return torch.cat(chunks)
+
+
+def check_finite_predictions(preds: torch.Tensor, target_kind: str, name: str, first_prompt: int = 0) -> None:
+    """Raise a ``ValueError`` naming the predictor, the prompt and the position of its first non-finite prediction
+    (one device sync per batch): a NaN would otherwise become a NaN curve, or a silently wrong accuracy. Class
+    logits may be ``-inf`` (a log-probability of 0); NaN and ``+inf`` are refused there too. ``first_prompt`` is the
+    batch's offset in the evaluation set, so the prompt number is the set's."""
+    bad = torch.isnan(preds) | (preds == torch.inf) if target_kind == "categorical" else ~torch.isfinite(preds)
+    if not bool(bad.any()):
+        return
+    index = tuple(bad.nonzero()[0].tolist())
+    raise ValueError(
+        f"predictor {name!r} returned a non-finite prediction {preds[index].item()} for prompt "
+        f"{first_prompt + index[0]}, position {index[1]} (preds[{', '.join(map(str, index))}] of its batch); "
+        "a NaN or inf prediction cannot be scored (it would draw a NaN curve): check the predictor and its inputs"
+    )
 
 
 def score_predictors(

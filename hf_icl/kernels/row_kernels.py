@@ -2,8 +2,11 @@
 kernel-regression document (seed 000): cosine, Cayley (squared angle) and geometric-algebra (inner + wedge).
 
 Every function maps ``q (..., M, D)`` and ``k (..., N, D)`` to scores ``(..., M, N)``; a softmax over the last
-axis turns them into attention weights (a Nadaraya–Watson smoother). Parameters may be Python floats or tensors
-(learnable ones): only floats are validated, since checking a tensor's value would cost a device sync.
+axis turns them into attention weights (a Nadaraya–Watson smoother). Parameters may be Python numbers or tensors
+(learnable ones). Every parameter is checked finite (and positive where it divides: temperature, bandwidth): a NaN
+β or scale would otherwise turn every score NaN silently. Numbers always; tensors when they live on the CPU, where
+reading them is free; a tensor on an accelerator (a device sync per call) or inside a ``torch.func`` transform
+(``vmap`` cannot read values) is not read: the trainer's divergence check catches a parameter that went NaN.
 
 Numerics. The angular kernels work on unit rows, ``x / max(|x|, eps)``, so a zero row becomes the zero vector
 (cosine 0 with everything) instead of NaN. The cosine is clamped to ``[-1 + eps, 1 - eps]`` before ``θ = arccos``
@@ -27,8 +30,31 @@ EPS = 1e-6
 
 
 def _positive(name: str, value) -> None:
+    _finite(name, value, positive=True)
+
+
+def _finite(name: str, value, positive: bool = False) -> None:
+    """Raise ``ValueError`` naming ``name`` and the value unless it is finite (and > 0 with ``positive``); a tensor
+    is read only on the CPU (see the module docstring)."""
     if not isinstance(value, torch.Tensor):
-        check_float(name, value, low=0.0, low_inclusive=False)
+        check_float(name, value, low=0.0 if positive else None, low_inclusive=False)
+    elif _readable(value):
+        detached = value.detach()
+        bad = ~torch.isfinite(detached) | (detached <= 0 if positive else False)
+        if bool(bad.any()):
+            shown = detached[bad].flatten()[0].item()
+            allowed = "a finite positive number" if positive else "finite"
+            raise ValueError(f"{name} must be {allowed}, got {shown} (a tensor of shape {tuple(value.shape)})")
+
+
+def _readable(value: torch.Tensor) -> bool:
+    """A tensor whose value can be read for free: on the CPU and not a ``torch.func`` transform's wrapper (``vmap``
+    and ``grad`` cannot read values)."""
+    try:
+        from torch._C._functorch import is_functorch_wrapped_tensor
+    except ImportError:  # pragma: no cover - older torch
+        return value.device.type == "cpu"
+    return value.device.type == "cpu" and not is_functorch_wrapped_tensor(value)
 
 
 def unit_rows(x: torch.Tensor, eps: float = EPS) -> torch.Tensor:
@@ -48,6 +74,7 @@ def sine_of(cosine: torch.Tensor) -> torch.Tensor:
 
 def dot_product_scores(q: torch.Tensor, k: torch.Tensor, scale=1.0) -> torch.Tensor:
     """``scale · qᵀk``: softmax attention (scale 1 on raw inputs is the document's "raw attention ICL")."""
+    _finite("scale", scale)
     return (q @ k.transpose(-1, -2)) * scale
 
 
@@ -87,6 +114,8 @@ def ga_scores(
     """
     check_choice("wedge_mode", wedge_mode, WEDGE_MODES)
     _positive("temperature", temperature)
+    for name, value in (("beta1", beta1), ("beta2", beta2), ("wedge_mu", wedge_mu)):
+        _finite(name, value)
     cosine = clamped_cosine(q, k, eps)
     sine = sine_of(cosine)
     wedge = sine if wedge_mode == "penalty" else (sine - wedge_mu).square()

@@ -27,6 +27,8 @@ def check_prompt(
     n_classes: int | None = None,
     check_values: bool = True,
     device: torch.device | None = None,
+    dtype: torch.dtype | None = None,
+    degree: int = 2,
 ) -> None:
     """Raise a clear ``ValueError`` unless ``xs (B, N, n_dims)`` and ``ys (B, N)`` form a valid prompt batch.
 
@@ -40,6 +42,31 @@ def check_prompt(
     turn every prediction of its prompt into NaN, a label 0 would become a BCE target of 0.5 and a class id
     1.7 would be truncated to 1, all silently. Callers that build prompts themselves (a trainer sampling
     tasks) pass ``check_values=False`` to skip the sync.
+
+    The same reduction bounds the magnitudes: ``|xs|`` and, for regression, ``|ys|`` at most
+    :func:`max_prompt_magnitude` ``(dtype, degree)``, ``dtype`` being the model's parameter dtype (the precision the
+    forward runs in; ``xs.dtype`` when not given: a float16 model reading float32 prompts uses float16's bound).
+    Finite but larger values overflow the forward's squared terms (LayerNorm variances, attention scores, norms,
+    quadratic feature maps) and turn *every* prediction of the prompt into NaN, earlier positions included. The
+    bounds come from a measurement (one x and one y entry of a power of ten, every model family in its tiny preset
+    and variants, random weights and the same ×10, on the CPU), lowered by a margin:
+
+    ========  ==========  ==========  ===============================================================
+    dtype     degree 2    degree 3    largest finite power of ten measured (default weights / ×10)
+    ========  ==========  ==========  ===============================================================
+    float16   1e3         1e1         degree 2: 1e4 / 1e2 (√65504 = 256 leaves one order); degree 3: 1e1
+    bfloat16  1e16        1e10        as float32 (the same exponent range)
+    float32   1e16        1e10        degree 2: 1e18 / 1e16 (√3.4e38 = 1.8e19); degree 3: 1e12 / 1e12
+    float64   1e150       1e100       degree 2: 1e153 / 1e151; degree 3: 1e102 / 1e102
+    ========  ==========  ==========  ===============================================================
+
+    ``degree=2`` is every model's; ``degree=3`` the MLPs' whose input goes through the one-step-GD feature map
+    ``ψ_L(A) = (A Aᵀ) A`` (cubic in the prompt) and, in float16 only, the kernel ICL model with column attention
+    (its column Gram matrix is computed in float16: limit 1e2). Class ids and ±1 labels are exact values, not
+    magnitudes: they are not bounded. The bound is a necessary filter, not a guarantee: many entries near it,
+    larger weights (float16 with ×10 weights: 1e2) or exponential terms (the GD transformer's unnormalised
+    softmax kernel, ``exp`` of a score) can still overflow; a model whose forward can checks its output too
+    (:class:`~hf_icl.modeling.gd_transformer.GDTransformerForInContextClassification`).
     """
     for name, value in (("xs", xs), ("ys", ys)):
         if not isinstance(value, torch.Tensor):
@@ -67,11 +94,22 @@ def check_prompt(
     if target_kind == "categorical" and n_classes is None:
         raise ValueError("check_prompt needs n_classes for target_kind='categorical'")
     if check_values:
-        _check_prompt_values(xs, ys, target_kind, n_classes)
+        bound = max_prompt_magnitude(xs.dtype if dtype is None else dtype, degree)
+        _check_prompt_values(xs, ys, target_kind, n_classes, bound, xs.dtype if dtype is None else dtype)
 
 
-def check_model_prompt(config, xs: torch.Tensor, ys: torch.Tensor, *, check_values: bool = True, device=None) -> None:
-    """:func:`check_prompt` against an ICL config: its ``n_dims``, ``n_points``, ``target_kind`` and ``n_classes``."""
+def check_model_prompt(
+    config,
+    xs: torch.Tensor,
+    ys: torch.Tensor,
+    *,
+    check_values: bool = True,
+    device=None,
+    dtype: torch.dtype | None = None,
+    degree: int = 2,
+) -> None:
+    """:func:`check_prompt` against an ICL config: its ``n_dims``, ``n_points``, ``target_kind`` and ``n_classes``;
+    ``dtype`` is the model's parameter dtype (it picks the magnitude bound, :func:`max_prompt_magnitude`)."""
     check_prompt(
         xs,
         ys,
@@ -81,7 +119,37 @@ def check_model_prompt(config, xs: torch.Tensor, ys: torch.Tensor, *, check_valu
         n_classes=config.n_classes,
         check_values=check_values,
         device=device,
+        dtype=dtype,
+        degree=degree,
     )
+
+
+#: ``{degree: {dtype: bound}}``: the largest ``|x|``, ``|y|`` a prompt may hold, by the dtype of the model reading it
+#: and the degree of the forward's polynomial terms (measured; the table and the method are in :func:`check_prompt`)
+PROMPT_MAGNITUDE_BOUNDS = {
+    2: {torch.float16: 1e3, torch.bfloat16: 1e16, torch.float32: 1e16, torch.float64: 1e150},
+    3: {torch.float16: 1e1, torch.bfloat16: 1e10, torch.float32: 1e10, torch.float64: 1e100},
+}
+
+
+def max_prompt_magnitude(dtype: torch.dtype, degree: int = 2) -> float:
+    """The largest ``|x|`` (and regression ``|y|``) a model whose parameters are ``dtype`` accepts in a prompt.
+
+    ``degree`` 2 covers every model (squared terms: LayerNorm variances, attention scores, norms, quadratic feature
+    maps); 3 the MLPs on the cubic one-step-GD feature map ``ψ_L`` and float16 column attention. The table and how
+    it was measured: :func:`check_prompt`.
+
+    >>> import torch
+    >>> max_prompt_magnitude(torch.float32), max_prompt_magnitude(torch.float16), max_prompt_magnitude(torch.float64, 3)
+    (1e+16, 1000.0, 1e+100)
+    """
+    if degree not in PROMPT_MAGNITUDE_BOUNDS:
+        raise ValueError(f"degree must be one of {sorted(PROMPT_MAGNITUDE_BOUNDS)}, got {degree!r}")
+    bounds = PROMPT_MAGNITUDE_BOUNDS[degree]
+    if dtype not in bounds:
+        names = ", ".join(str(d).removeprefix("torch.") for d in bounds)
+        raise ValueError(f"dtype must be a floating-point dtype the models run in ({names}), got {dtype!r}")
+    return bounds[dtype]
 
 
 def _valid_targets(ys: torch.Tensor, target_kind: str, n_classes: int | None) -> torch.Tensor:
@@ -96,16 +164,22 @@ def _valid_targets(ys: torch.Tensor, target_kind: str, n_classes: int | None) ->
     raise ValueError(f"target_kind must be one of {list(TARGET_KINDS)}, got {target_kind!r}")
 
 
-def _check_prompt_values(xs: torch.Tensor, ys: torch.Tensor, target_kind: str, n_classes: int | None) -> None:
+def _check_prompt_values(
+    xs: torch.Tensor, ys: torch.Tensor, target_kind: str, n_classes: int | None, bound: float, dtype: torch.dtype
+) -> None:
     finite_xs = torch.isfinite(xs)
+    valid_xs = finite_xs & (xs.abs() <= bound)
     valid_ys = _valid_targets(ys, target_kind, n_classes)
-    xs_ok, ys_ok = torch.stack((finite_xs.all(), valid_ys.all())).tolist()  # the one device sync
+    if target_kind == "regression":
+        valid_ys = valid_ys & (ys.abs() <= bound)
+    xs_ok, ys_ok = torch.stack((valid_xs.all(), valid_ys.all())).tolist()  # the one device sync
+    limit = f"{bound:.6g} (the bound for a {str(dtype).removeprefix('torch.')} model, see max_prompt_magnitude)"
     if not xs_ok:
-        index = tuple((~finite_xs).nonzero()[0].tolist())
-        raise ValueError(
-            f"xs must hold finite values only, got {_show(xs[index].item())} at xs[{', '.join(map(str, index))}] "
-            f"(prompt {index[0]}, position {index[1]})"
-        )
+        index = tuple((~valid_xs).nonzero()[0].tolist())
+        where = f"at xs[{', '.join(map(str, index))}] (prompt {index[0]}, position {index[1]})"
+        if not finite_xs[index]:
+            raise ValueError(f"xs must hold finite values only, got {_show(xs[index].item())} {where}")
+        raise ValueError(f"xs must hold values of magnitude at most {limit}, got {_show(xs[index].item())} {where}")
     if not ys_ok:
         index = tuple((~valid_ys).nonzero()[0].tolist())
         value = _show(ys[index].item())
@@ -117,6 +191,11 @@ def _check_prompt_values(xs: torch.Tensor, ys: torch.Tensor, target_kind: str, n
             raise ValueError(
                 f"ys must be integer class ids in [0, n_classes={n_classes}) for target_kind='categorical', "
                 f"got {value} {where}"
+            )
+        if torch.isfinite(ys[index]):
+            raise ValueError(
+                f"ys must hold values of magnitude at most {limit}, got {value} {where} "
+                f"(prompt {index[0]}, position {index[1]})"
             )
         raise ValueError(f"ys must hold finite values only for target_kind='regression', got {value} {where}")
 

@@ -46,9 +46,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -70,6 +68,7 @@ from .gd_icl_stories import TITLE as stories_title
 from .gd_icl_stories import stories
 from .runs import Experiment, Report, Subject, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble, build_seeded, stacked_optimizer_step
+from .workers import worker_pool
 
 PAPER = "gd-icl"
 #: the gap in top-1 accuracy below which two models count as equal ("converged", "matches", "almost equal")
@@ -582,7 +581,7 @@ def train_models(
             shares[i].append(job)
             loads[i] += job[1].cost
         threads = max(1, usable_cores() // workers)
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        with worker_pool(workers) as pool:
             futures = [pool.submit(_train_in_worker, scale, share, str(runs_dir), threads) for share in shares]
             for future in futures:
                 future.result()

@@ -25,9 +25,7 @@ import json
 import math
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -39,6 +37,7 @@ from ..evaluation.metrics import metric_for_task
 from ..training.checkpoints import quiet_progress
 from .runs import Experiment, Report, Subject, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble
+from .workers import worker_pool
 
 PAPER = "kernel-icl"
 ROW_KERNELS = ("softmax", "cosine", "cayley", "ga")
@@ -315,7 +314,7 @@ def train_groups(
     elif workers > 1:
         shares = [pending[i::workers] for i in range(workers)]
         threads = max(1, usable_cores() // workers)
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        with worker_pool(workers) as pool:
             jobs = [pool.submit(_train_in_worker, scale, share, training, str(runs_dir), threads) for share in shares]
             for job in jobs:
                 job.result()

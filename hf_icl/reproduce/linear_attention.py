@@ -41,9 +41,8 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import as_completed
 from dataclasses import asdict, dataclass, field, replace
-from multiprocessing import get_context
 from pathlib import Path
 
 import torch
@@ -57,6 +56,7 @@ from ..training.trainer import step_seed
 from ..validation import check_choice
 from .runs import Experiment, Report, Subject, comparable, log, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble, build_seeded
+from .workers import worker_pool
 
 PAPER = "linear-attention"
 #: each finished group's per-prompt query errors (safetensors: nothing is unpickled)
@@ -563,7 +563,7 @@ def run_groups(
     else:
         threads = max(1, usable_cores() // workers)
         log(f"{len(todo)} groups in {workers} processes × {threads} threads")
-        with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        with worker_pool(workers) as pool:
             jobs = [pool.submit(_train_in_worker, s.to_dict(), str(runs_dir / s.name), threads) for s in todo]
             for job in as_completed(jobs):
                 job.result()  # re-raises a worker's error here
@@ -1315,7 +1315,7 @@ def time_way(
     """Seed-steps per second of ``engine`` on ``spec``'s seeds split over ``processes`` fresh processes of
     ``threads`` threads each, all timed over one wall-clock window (from the first start to the last end)."""
     shares = [spec.seeds[i::processes] for i in range(processes)]
-    with ProcessPoolExecutor(processes, mp_context=get_context("spawn")) as pool:
+    with worker_pool(processes) as pool:
         jobs = [
             pool.submit(
                 _time_worker,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import shlex
 import warnings
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -233,9 +234,45 @@ class ICLTrainingArguments:
         from ..modeling import MODEL_CLASSES, build_config, check_attn_implementation
 
         task = self.task_family()
+        if "n_classes" in overrides:
+            self._check_n_classes(task, overrides["n_classes"])
         check_choice("model_type", self.model_type, sorted(MODEL_CLASSES))
         build_config(self.model_type, self.model_size, **self.model_config_fields(task))
         check_attn_implementation(self.model_type, self.attn_implementation)
+
+    def _check_n_classes(self, task, n_classes: Any) -> None:
+        """A model's ``n_classes`` (from ``model_overrides``) must be the task's: the model would otherwise
+        predict a different number of classes than the labels hold, found only when training or evaluating."""
+        if task.target_kind != "categorical":
+            raise ValueError(
+                f"model_overrides sets n_classes={n_classes!r}, but task {self.task!r} has {task.target_kind} "
+                "targets: n_classes applies only to categorical tasks; drop it from model_overrides"
+            )
+        if n_classes != task.n_classes:
+            raise ValueError(
+                f"model_overrides n_classes={n_classes!r} disagrees with the task's n_classes={task.n_classes} "
+                f"(task {self.task!r}, task_params={self.task_params}): the {self.model_type} model would predict "
+                f"{n_classes!r} classes for labels in [0, {task.n_classes}); drop n_classes from model_overrides "
+                "(the task's is used) or set it in task_params"
+            )
+
+    def command_line(self, resume_from_checkpoint: str | None = None) -> str:
+        """The ``hf-icl train`` command of these arguments: ``--output_dir`` and every field that differs from its
+        default, shell-quoted; with ``resume_from_checkpoint`` the command that resumes this run from it (without
+        ``overwrite_output_dir``, which resuming must not combine with)."""
+        parts = ["hf-icl", "train", "--output_dir", self.output_dir]
+        skip = {"output_dir", "resume_from_checkpoint"}
+        if resume_from_checkpoint is not None:
+            skip.add("overwrite_output_dir")
+        for spec in fields(self):
+            value = getattr(self, spec.name)
+            if spec.name in skip or value == spec.default:
+                continue
+            text = "none" if value is None and spec.name == "model_size" else str(value)
+            parts += [f"--{spec.name}", text]
+        if resume_from_checkpoint is not None:
+            parts += ["--resume_from_checkpoint", str(resume_from_checkpoint)]
+        return " ".join(shlex.quote(str(part)) for part in parts)
 
     @property
     def mixed_precision(self) -> str:

@@ -14,25 +14,31 @@ A checkpoint ``OUTPUT_DIR/checkpoints/step-NNNNNNNN`` holds
 - ``manifest.json`` (:mod:`.manifest`): the sha256 of every other file, the step, the full training
   arguments and the format version; resuming verifies it before reading anything.
 
-Everything is written into ``step-N.tmp`` and renamed when complete. Nothing here calls
+Everything is written into ``step-N.tmp`` and renamed when complete; a write that fails (disk full,
+permission) removes ``step-N.tmp`` and raises :class:`CheckpointSaveError`, and no earlier checkpoint
+is touched (older ones are rotated out only after the new one is complete). Nothing here calls
 ``torch.load`` or ``pickle``: safetensors and JSON only.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
 import re
 import shutil
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..modeling.model_folder import first_non_finite_weight
 from .manifest import CheckpointError, write_manifest
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d+)$")
@@ -47,6 +53,23 @@ SCALER = "scaler"  # scaler.json (fp16 only)
 REQUIRED_FILES = (CONFIG_FILE, f"{OPTIMIZER}.json", f"{SCHEDULER}.json", TRAINER_STATE_FILE)
 
 _TENSOR, _TUPLE, _DICT, _NDARRAY = "__tensor__", "__tuple__", "__dict__", "__ndarray__"
+
+
+class CheckpointSaveError(OSError):
+    """Writing a checkpoint failed (disk full, permission, ...). The partial ``step-N.tmp`` was removed and
+    every earlier checkpoint is intact. ``step``: the checkpoint's step; ``cause``: the underlying error
+    (an ``OSError``; its ``errno`` is this error's too)."""
+
+    def __init__(self, message: str, *, step: int, cause: BaseException):
+        super().__init__(message)
+        self.message = message
+        self.step = step
+        self.cause = cause
+        self.errno = getattr(cause, "errno", None)
+        self.strerror = getattr(cause, "strerror", None)
+
+    def __str__(self) -> str:  # OSError's would print "[Errno N] strerror" instead of the message
+        return self.message
 
 
 class TrainingProgress:
@@ -88,6 +111,35 @@ def rotate_checkpoints(output_dir: str | Path, keep: int, protect: Path | None =
     for path in doomed:
         shutil.rmtree(path)
     return doomed
+
+
+# -- finite weights ----------------------------------------------------------------------------------------
+def non_finite_weight(directory: str | Path) -> str | None:
+    """``"file:key"`` of the first weight holding a NaN or an infinity in the folder's safetensors files, read from
+    disk; None if every weight is finite. A folder whose weights cannot be read (missing, truncated, a crafted
+    header) raises :class:`CheckpointError`."""
+    found = first_non_finite_weight(directory)
+    return None if found is None else f"{found[0]}:{found[1]}"
+
+
+def newest_finite_checkpoint(
+    output_dir: str | Path, *, before: int | None = None, extra: tuple[tuple[int, Path], ...] = ()
+) -> Path | None:
+    """The newest complete checkpoint under ``output_dir/checkpoints`` (and the ``(step, folder)`` of ``extra``) whose
+    weights are all finite, checked by reading them; only steps ``<= before`` if given. None if there is none."""
+    found = {path.resolve(): (step, path) for step, path in list_checkpoints(output_dir)}
+    for step, path in extra:
+        if Path(path).is_dir():
+            found.setdefault(Path(path).resolve(), (step, Path(path)))
+    for step, path in sorted(found.values(), key=lambda item: -item[0]):
+        if before is not None and step > before:
+            continue
+        try:
+            if non_finite_weight(path) is None:
+                return path
+        except CheckpointError:  # unreadable: not one to resume from
+            continue
+    return None
 
 
 # -- a pickle-free codec: nested Python state <-> JSON + a flat dict of tensors ---------------------------
@@ -295,11 +347,17 @@ def save_checkpoint(
     save_total_limit: int | None = None,
 ) -> Path:
     """Write a checkpoint into ``step-N.tmp``, then rename it to ``step-N``. Every process must call
-    this: the main process writes the shared files and the manifest, each process its RNG state."""
+    this: the main process writes the shared files and the manifest, each process its RNG state.
+
+    A write that fails on any process (``OSError``: disk full, permission, ...) removes ``step-N.tmp`` and
+    raises :class:`CheckpointSaveError` on every process; earlier checkpoints are never touched before the
+    new one is complete (``save_total_limit`` rotates them out afterwards)."""
     final = checkpoint_dir(output_dir, step)
     staging = final.with_name(final.name + ".tmp")
     state_dict = accelerator.get_state_dict(model)
-    if accelerator.is_main_process:
+    main = accelerator.is_main_process
+
+    def shared_files() -> None:
         if staging.exists():
             shutil.rmtree(staging)  # left over from a run that died while saving
         staging.mkdir(parents=True)
@@ -310,18 +368,85 @@ def save_checkpoint(
         if accelerator.scaler is not None:
             write_state(staging, SCALER, accelerator.scaler.state_dict())
         (staging / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
-    accelerator.wait_for_everyone()
-    write_state(staging, rng_state_name(accelerator.process_index), rng_state)
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
+
+    def complete() -> None:
         write_manifest(staging, step, training_args)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(staging, final)
-        if save_total_limit is not None:
+        _replace_dir(staging, final)
+
+    _write_or_fail(accelerator, staging, step, shared_files if main else None)
+    _write_or_fail(
+        accelerator, staging, step, lambda: write_state(staging, rng_state_name(accelerator.process_index), rng_state)
+    )
+    _write_or_fail(accelerator, staging, step, complete if main else None)
+    if main and save_total_limit is not None:
+        try:
             rotate_checkpoints(output_dir, save_total_limit, protect=final)
+        except OSError as err:  # the new checkpoint is complete: a leftover old one is no reason to stop
+            warnings.warn(
+                f"save_total_limit={save_total_limit}: could not remove an old checkpoint ({err})", stacklevel=3
+            )
     accelerator.wait_for_everyone()
     return final
+
+
+def as_os_error(err: BaseException) -> OSError:
+    """An ``OSError`` for a failed write: itself, or the one a ``SafetensorError`` describes (safetensors reports
+    the IO error of its Rust writer as text: ``IoError(Os { code: 28, ... })``)."""
+    if isinstance(err, OSError):
+        return err
+    match = re.search(r"code:\s*(\d+)", str(err))
+    if match:
+        code = int(match.group(1))
+        return OSError(code, os.strerror(code))
+    return OSError(errno.EIO, f"{type(err).__name__}: {err}")
+
+
+def _write_or_fail(accelerator, staging: Path, step: int, action) -> None:
+    """Run ``action`` (None: nothing on this process), then agree across processes on whether any write failed;
+    if one did, remove ``staging`` and raise :class:`CheckpointSaveError` on every process."""
+    failure: OSError | None = None
+    if action is not None:
+        try:
+            action()
+        except (OSError, SafetensorError) as err:
+            failure = as_os_error(err)
+    failed = failure is not None
+    if accelerator.num_processes > 1:
+        flag = torch.tensor([float(failed)], device=accelerator.device)
+        failed = bool(accelerator.reduce(flag, reduction="sum").item() > 0)
+    if not failed:
+        return
+    if accelerator.is_main_process:
+        shutil.rmtree(staging, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if failure is None:
+        failure = OSError(errno.EIO, "another process could not write its part of the checkpoint")
+    what = failure.strerror or str(failure)
+    where = f", writing {Path(failure.filename).name}" if failure.filename else ""
+    raise CheckpointSaveError(
+        f"could not write the checkpoint of step {step} ({staging}{where}): {what}"
+        + (f" [errno {failure.errno}: {errno.errorcode.get(failure.errno, '?')}]" if failure.errno else ""),
+        step=step,
+        cause=failure,
+    )
+
+
+def _replace_dir(staging: Path, final: Path) -> None:
+    """Rename the complete ``staging`` folder to ``final``; a ``final`` already there is removed only once
+    ``staging`` has taken its place (moved aside first, moved back if the rename fails)."""
+    if not final.exists():
+        os.replace(staging, final)
+        return
+    aside = final.with_name(final.name + ".replaced")
+    if aside.exists():
+        shutil.rmtree(aside)
+    os.replace(final, aside)
+    try:
+        os.replace(staging, final)
+    except OSError:
+        os.replace(aside, final)
+        raise
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def load_checkpoint(

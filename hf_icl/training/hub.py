@@ -23,11 +23,15 @@ from typing import Any
 from huggingface_hub import HfApi, constants, get_token
 from huggingface_hub.utils import validate_repo_id
 
+from ..modeling.manifest import MANIFEST_FILE
+from ..modeling.model_folder import verify_model_folder
 from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 from .model_card import CARD_FILE, set_card_model_id
 
-#: what a model repo receives: the model, its config, the card, plots, training arguments, metrics, CSV tables
+#: what a model repo receives: the model, its config, the card, plots, training arguments, metrics, CSV tables and
+#: the model folder's manifest.json (the sha256 of its model files, so a download can be verified like a local folder)
 UPLOAD_PATTERNS = [
+    MANIFEST_FILE,
     "*.safetensors",
     WEIGHTS_INDEX_FILE,
     CONFIG_FILE,
@@ -40,8 +44,9 @@ UPLOAD_PATTERNS = [
     "*.csv",
 ]
 #: what a training output directory also holds and a model repo must not: checkpoints (optimizer, scheduler,
-#: scaler and RNG states, manifests), half-written checkpoints, the run lock, tensorboard logs (patterns match
-#: paths relative to the folder with fnmatch, whose ``*`` also matches ``/``: these apply at any depth)
+#: scaler and RNG states, their manifests), half-written checkpoints, the run lock, tensorboard logs (patterns
+#: match paths relative to the folder with fnmatch, whose ``*`` also matches ``/``: these apply at any depth; the
+#: folder's own top-level manifest.json is uploaded)
 IGNORE_PATTERNS = [
     "checkpoints/*",
     "*.tmp/*",
@@ -51,7 +56,7 @@ IGNORE_PATTERNS = [
     "*scaler.json",
     "*rng_state_*",
     "*trainer_state.json",
-    "*manifest.json",
+    f"*/{MANIFEST_FILE}",
     "hf_icl/*",
     "*tfevents*",
 ]
@@ -109,19 +114,25 @@ def push_model_folder(
     private: bool = False,
     commit_message: str | None = None,
     api: Any = None,
+    verify: bool = True,
 ) -> str:
     """Create ``repo_id`` (if needed) and upload the model in ``folder`` to it; return the commit URL.
 
     ``folder`` must hold a ``save_pretrained`` model (``config.json`` and ``model.safetensors``, or a
     sharded index) and its ``README.md`` card. The card's usage snippet is first pointed at the repo
     (in ``folder`` too), so it runs as written for whoever reads it on the Hub. Only the files matching
-    :data:`UPLOAD_PATTERNS` and not :data:`IGNORE_PATTERNS` are uploaded.
+    :data:`UPLOAD_PATTERNS` and not :data:`IGNORE_PATTERNS` are uploaded, the folder's ``manifest.json``
+    included. With ``verify`` (the default) the folder is first checked as a loader checks it
+    (:func:`~hf_icl.modeling.model_folder.verify_model_folder`: its manifest, the safetensors headers, config
+    against weights, finite weights), so a damaged model is never published.
     """
     folder = Path(folder)
     check_repo_id(repo_id)
     if not isinstance(private, bool):
         raise ValueError(f"private must be True or False, got {private!r}")
     check_model_folder(folder)
+    if verify:
+        verify_model_folder(folder)
     _refuse_offline()
     api = HfApi(token=token) if api is None else api
     created = api.create_repo(repo_id, exist_ok=True, private=private, repo_type="model")

@@ -23,7 +23,7 @@ _CHECKPOINT_ENTRY = re.compile(r"^step-\d+(\.tmp)?$")
 #: files a training run writes into its output directory; any of them (or a checkpoint) marks a run
 RUN_FILES = ("training_args.json", "config.json", "model.safetensors", "model.safetensors.index.json")
 #: what ``overwrite_output_dir`` also removes: the plot, the metrics and curve files, a generation config, weight shards
-RUN_OUTPUTS = ("context_scaling.png", "metrics.json", "context_scaling.csv", "generation_config.json")
+RUN_OUTPUTS = ("context_scaling.png", "metrics.json", "context_scaling.csv", "generation_config.json", "manifest.json")
 TRACKER_DIR = "hf_icl"  # accelerate's tensorboard logs: OUTPUT_DIR/<project name>
 MODEL_CARD = "README.md"
 

@@ -10,6 +10,7 @@ on many with ``accelerate launch``.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
 import math
@@ -22,6 +23,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator, PartialState
 from accelerate.utils import DistributedType, broadcast_object_list, set_seed
+from safetensors import SafetensorError
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -33,14 +35,20 @@ from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..evaluation.runs import METRICS_FILE, evaluation_entry, write_curve_csv, write_metrics
 from ..modeling import build_model
+from ..modeling.model_folder import write_model_manifest
 from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments, upgrade_names
 from .checkpoints import (
     REQUIRED_FILES,
     SCALER,
+    CheckpointSaveError,
     TrainingProgress,
+    as_os_error,
     capture_rng_state,
     latest_checkpoint,
+    list_checkpoints,
     load_checkpoint,
+    newest_finite_checkpoint,
+    non_finite_weight,
     quiet_progress,
     restore_rng_state,
     rng_state_name,
@@ -66,7 +74,8 @@ UNSUPPORTED_DISTRIBUTED = (DistributedType.FSDP, DistributedType.DEEPSPEED, Dist
 
 class TrainingDivergedError(RuntimeError):
     """The loss, the gradient norm or the parameters became NaN or infinite. The non-finite update
-    is not applied to any checkpoint, and the error names the newest checkpoint that passed the checks."""
+    is not applied to any checkpoint, and the error names the newest checkpoint whose saved weights are
+    finite (read back from disk), or says to start again if there is none."""
 
 
 @dataclass
@@ -167,7 +176,9 @@ class ICLTrainer:
         self.history: list[dict] = []
         self._eval_set = None
         self._start_step = 0  # the step this run started (or resumed) at: no checkpoint is written there
-        self._last_good: Path | None = None  # the newest checkpoint that passed the finiteness checks
+        self._last_good: Path | None = None  # the newest checkpoint this run wrote or resumed from
+        self._resumed_from: tuple[int, Path] | None = None  # (step, folder) of resume_from_checkpoint
+        self._writing_final = False  # writing the final model folder (after the last checkpoint)
 
     # -- data ------------------------------------------------------------------------------------
     def draw_batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -202,6 +213,10 @@ class ICLTrainer:
             self._on_main(lock.acquire)
             self._on_main(self._prepare_output_dir)
             return self._train()
+        except (OSError, SafetensorError) as err:  # the final model folder: the last checkpoint is complete
+            if not self._writing_final or isinstance(err, CheckpointSaveError):
+                raise
+            raise self._final_write_failed(err) from None
         finally:
             lock.release()
 
@@ -264,14 +279,17 @@ class ICLTrainer:
             )
         if self.progress.step != self._start_step:
             self._save_checkpoint(self.progress.step, final_rng)
+        self._writing_final = True  # an OSError from here to the Hub push: the final folder could not be written
         model = accelerator.unwrap_model(self.model)
         scaling = None
         if accelerator.is_main_process:
             with nullcontext() if interactive else quiet_progress():  # no one-tick bar in a log file
                 model.save_pretrained(self.output_dir)
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
+            write_model_manifest(self.output_dir)  # the sha256 of the model files (not of card or plots)
             scaling = self.context_scaling()
             self._write_results(scaling, final_metrics)
+            self._writing_final = False
             if args.push_to_hub:
                 self.hub_url = push_model_folder(self.output_dir, self.hub_repo_id, private=args.hub_private_repo)
         accelerator.wait_for_everyone()
@@ -415,27 +433,80 @@ class ICLTrainer:
             "num_processes": self.accelerator.num_processes,
             "history": self.history,
         }
-        self._last_good = save_checkpoint(
-            self.accelerator,
-            self.output_dir,
-            step,
-            model=self.model,
-            optimizer=self.optimizer,
-            scheduler=self.scheduler,
-            trainer_state=trainer_state,
-            rng_state=rng_state,
-            training_args=self.args.to_dict(),
-            save_total_limit=self.args.save_total_limit,
-        )
+        try:
+            self._last_good = save_checkpoint(
+                self.accelerator,
+                self.output_dir,
+                step,
+                model=self.model,
+                optimizer=self.optimizer,
+                scheduler=self.scheduler,
+                trainer_state=trainer_state,
+                rng_state=rng_state,
+                training_args=self.args.to_dict(),
+                save_total_limit=self.args.save_total_limit,
+            )
+        except CheckpointSaveError as err:
+            raise self._save_failed(err) from None
         return self._last_good
 
-    def _diverged(self, step: int, problem: str) -> TrainingDivergedError:
-        args, good = self.args, self._last_good
+    def _recovery_checkpoint(self, before: int) -> Path | None:
+        """The newest checkpoint (under output_dir, or the one this run resumed from) of a step ``<= before``
+        whose weights on disk are all finite; None if there is none."""
+        extra = (self._resumed_from,) if self._resumed_from is not None else ()
+        return newest_finite_checkpoint(self.output_dir, before=before, extra=extra)
+
+    def _save_failed(self, err: CheckpointSaveError) -> CheckpointSaveError:
+        """One error, one recovery command: the newest good checkpoint to resume from, or start again."""
+        good = self._recovery_checkpoint(before=err.step - 1)
+        fix = self._write_fix(err.errno)
         if good is None:
-            advice = "No checkpoint of this run passed the checks yet: start again"
+            advice = f"No earlier checkpoint exists; {fix}, start again: {self.args.command_line()}"
         else:
             advice = (
-                f"The newest checkpoint that passed the checks (finite loss, gradient norm and parameters) is {good}: "
+                f"Earlier checkpoints are intact; {fix}, resume from the newest one: "
+                f"{self.args.command_line(resume_from_checkpoint=str(good))}"
+            )
+        return CheckpointSaveError(f"{err} (the partial checkpoint was removed). {advice}", step=err.step, cause=err)
+
+    def _final_write_failed(self, err: BaseException) -> CheckpointSaveError:
+        """Writing the final model folder failed after the last checkpoint was saved: resume from that checkpoint
+        (the run is finished there; resuming only writes the final model and results)."""
+        cause, step = as_os_error(err), self.progress.step
+        good = self._recovery_checkpoint(before=step)
+        what = f"could not write the final model of step {step} to {self.output_dir}: {cause.strerror or cause}"
+        what += f" [errno {cause.errno}: {errno.errorcode.get(cause.errno, '?')}]" if cause.errno else ""
+        fix = self._write_fix(cause.errno)
+        if good is None:
+            advice = f"No checkpoint of this run exists; {fix}, start again: {self.args.command_line()}"
+        else:
+            advice = (
+                f"Its last checkpoint is complete; {fix}, finish the run from it: "
+                f"{self.args.command_line(resume_from_checkpoint=str(good))}"
+            )
+        return CheckpointSaveError(f"{what}. {advice}", step=step, cause=cause)
+
+    def _start_again(self, how: str = "start again") -> str:
+        """How to start again: in an output_dir that holds (unusable) checkpoints, only with overwrite_output_dir."""
+        if list_checkpoints(self.output_dir):
+            return f"{how} (overwrite_output_dir=True: it removes the unusable checkpoints in output_dir)"
+        return how
+
+    def _write_fix(self, code: int | None) -> str:
+        if code in (errno.ENOSPC, errno.EDQUOT):
+            return "after freeing space"
+        if code in (errno.EACCES, errno.EPERM, errno.EROFS):
+            return f"after making {self.output_dir} writable"
+        return "after fixing the cause"
+
+    def _diverged(self, step: int, problem: str) -> TrainingDivergedError:
+        args = self.args
+        good = self._recovery_checkpoint(before=step)
+        if good is None:
+            advice = f"No checkpoint of this run has finite weights: {self._start_again()}"
+        else:
+            advice = (
+                f"The newest checkpoint whose saved weights are finite (read back from disk) is {good}: "
                 f"resume from it (resume_from_checkpoint={str(good)!r})"
             )
         remedies = f"a lower learning_rate (now {args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}"
@@ -494,6 +565,7 @@ class ICLTrainer:
             looked = path if path is not None else self.output_dir / "checkpoints" / "step-*"
             raise ValueError(f"resume_from_checkpoint={target!r}: no checkpoint found (looked for {looked})")
         accelerator, main = self.accelerator, self.accelerator.is_main_process
+        self._refuse_non_finite(path, target)
         required = (*REQUIRED_FILES, f"{SCALER}.json") if accelerator.scaler is not None else REQUIRED_FILES
         manifest, unlisted = verify_checkpoint(path, required)
         if unlisted and main:
@@ -528,10 +600,34 @@ class ICLTrainer:
         self.history = [dict(record) for record in history if isinstance(record, dict)]
         self.progress.step = self._start_step = step
         self._last_good = path
+        self._resumed_from = (step, path)
         self._apply_resume_changes(changes)
         if changes and main:
             listed = ", ".join(f"{name} {old!r} → {new!r}" for name, (old, new) in changes.items())
             warnings.warn(f"resuming {path} at step {step} with changed arguments (applied): {listed}", stacklevel=2)
+
+    def _refuse_non_finite(self, path: Path, target: str) -> None:
+        """Refuse a checkpoint whose weights hold NaN or infinity (read from disk), naming the newest one that
+        does not (or saying to start again). Weights that cannot be read are left to the manifest check."""
+        try:
+            bad = non_finite_weight(path)
+        except CheckpointError:
+            return
+        if bad is None:
+            return
+        good = newest_finite_checkpoint(self.output_dir)
+        if good is None:
+            again = self._start_again("start again without resume_from_checkpoint")
+            advice = f"no checkpoint under output_dir has finite weights: {again}"
+        else:
+            advice = (
+                f"the newest checkpoint with finite weights is {good}: resume from it "
+                f"(resume_from_checkpoint={str(good)!r})"
+            )
+        raise CheckpointError(
+            f"resume_from_checkpoint={target!r}: checkpoint {path} holds non-finite weights (NaN or infinity in "
+            f"{bad}), training from it would diverge at once; {advice}"
+        )
 
     def _resume_changes(self, path: Path, saved: dict) -> dict[str, tuple]:
         """The arguments that differ from the checkpoint's: refuse (one ValueError listing them all) unless

@@ -23,6 +23,17 @@ before it computes something else: :func:`causal_functional_gd_logits`, the *cau
 in which position ``j``'s state ``f_{j,k}`` used the pairs before ``j`` only. It is not the document's algorithm
 (the logits differ for K ≥ 2); the transformer computes it with ``context_attention="causal"``.
 
+Numerics. ``"rbf"`` weights are at most 1 and the normalised softmax kernel (``normalize=True``) is computed with
+a max shift (``softmax``), so both stay finite and exact for inputs of any magnitude the prompt check accepts
+(off-diagonal rbf weights of far-apart inputs underflow to exactly 0, as they should). The *unnormalised* softmax
+kernel is different: ``f = η Σ_j exp(x_iᵀx_j / h) r_j`` is itself of size ``exp(max score)``, and a max shift or
+the log domain cannot help, because it is the logits (``W_eᵀ f``), not an intermediate, that leave float64's range
+once a score passes ``log(finfo.max)`` (709.8; 88.7 in float32): inputs × 100 of a normal prompt have scores of
+order 10⁴. So a result that does not fit is refused, never returned as NaN: both references raise a ``ValueError``
+naming the largest kernel score, the limit and the dtype, and the transformer checks its logits (one device sync
+with ``check_inputs``) and says the same. :func:`kernel_weights` itself returns ``inf`` weights there (it is used
+inside the model, where a check would cost a sync per block).
+
 The pieces here are small and shared: :func:`kernel_weights` (the kernels as masked attention weights),
 :func:`expected_embedding`, :func:`functional_gd_step`, the attention masks of both protocols and the two
 references.
@@ -30,9 +41,12 @@ references.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...validation import check_choice, check_float, check_int
+from ..prompts import check_prompt
 
 #: the kernels κ (``bandwidth`` h rescales each; all are unnormalised sums unless ``normalize`` is asked for):
 #: ``"softmax"`` ``exp(qᵀk / h)``, ``"rbf"`` ``exp(−‖q − k‖² / (2h²))``, ``"linear"`` ``qᵀk / h``
@@ -213,9 +227,12 @@ def functional_gd_logits(
     xs, ys = _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, n_context)
     options = (W_e, n_steps, learning_rate, kernel, bandwidth, normalize_by_count, normalize_attention)
     if n_context is not None:
-        return _full_context_gd(xs[:, :n_context], ys[:, :n_context], xs[:, n_context:], *options)
-    prefixes = [_full_context_gd(xs[:, :i], ys[:, :i], xs[:, i : i + 1], *options) for i in range(xs.shape[1])]
-    return torch.cat(prefixes, dim=1)
+        logits = _full_context_gd(xs[:, :n_context], ys[:, :n_context], xs[:, n_context:], *options)
+    else:
+        prefixes = [_full_context_gd(xs[:, :i], ys[:, :i], xs[:, i : i + 1], *options) for i in range(xs.shape[1])]
+        logits = torch.cat(prefixes, dim=1)
+    _check_finite_logits("functional_gd_logits", logits, xs, kernel, bandwidth, normalize_attention, n_steps)
+    return logits
 
 
 def _full_context_gd(
@@ -269,10 +286,14 @@ def causal_functional_gd_logits(
     f = torch.zeros(*xs.shape[:2], W_e.shape[0], dtype=W_e.dtype, device=xs.device)
     for _ in range(n_steps):
         f = functional_gd_step(f, weights, label_embeddings, W_e, learning_rate, normalize_by_count)
-    return f @ W_e
+    logits = f @ W_e
+    _check_finite_logits("causal_functional_gd_logits", logits, xs, kernel, bandwidth, normalize_attention, n_steps)
+    return logits
 
 
 def _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, n_context) -> tuple:
+    """The references check their inputs as the model does (:func:`~hf_icl.modeling.prompts.check_prompt`: finite
+    ``xs`` within the magnitude bound of ``W_e``'s dtype, class ids), plus a finite ``W_e``."""
     check_int("n_steps", n_steps, low=0)
     check_float("learning_rate", learning_rate)
     check_float("bandwidth", bandwidth, low=0, low_inclusive=False)
@@ -286,10 +307,66 @@ def _check_reference_inputs(xs, ys, W_e, n_steps, learning_rate, bandwidth, n_co
     if not isinstance(ys, torch.Tensor) or tuple(ys.shape) not in allowed:
         shapes = " or ".join(map(str, allowed))
         raise ValueError(f"ys must be a tensor of class ids of shape {shapes}, got {_describe(ys)}")
+    check_finite_tensor("W_e", W_e)
     n_classes = W_e.shape[1]
-    if ys.numel() and (ys.min() < 0 or ys.max() >= n_classes):
-        raise ValueError(f"ys must be class ids in [0, {n_classes}) (W_e has {n_classes} columns)")
+    if ys.numel() and not ys.is_complex() and ys.dtype != torch.bool:
+        outside = (ys < 0) | (ys >= n_classes)
+        if bool(outside.any()):
+            index = tuple(outside.nonzero()[0].tolist())
+            raise ValueError(
+                f"ys must be class ids in [0, {n_classes}) (W_e has {n_classes} columns), got "
+                f"{ys[index].item():.6g} at ys[{index[0]}, {index[1]}]"
+            )
+    placeholders = ys.new_zeros(xs.shape[0], xs.shape[1] - ys.shape[1])  # absent query labels, read by nothing
+    full_ys = torch.cat([ys, placeholders], dim=1)
+    check_prompt(xs, full_ys, xs.shape[-1], target_kind="categorical", n_classes=n_classes, dtype=W_e.dtype)
     return xs.to(W_e.dtype), ys
+
+
+def check_finite_tensor(name: str, value: torch.Tensor) -> None:
+    """Raise ``ValueError`` naming ``name``, the first non-finite entry and its index, unless ``value`` is finite
+    (one device sync)."""
+    bad = ~torch.isfinite(value)
+    if bool(bad.any()):
+        index = tuple(bad.nonzero()[0].tolist())
+        raise ValueError(
+            f"{name} must hold finite values only, got {value[index].item()} at {name}[{', '.join(map(str, index))}]"
+        )
+
+
+def largest_kernel_score(xs: torch.Tensor, kernel: str, bandwidth: float) -> tuple[float, tuple[int, int, int]]:
+    """The largest score ``x_iᵀx_j / h`` (softmax, linear) or ``−‖x_i − x_j‖² / (2h²)`` (rbf) over every pair of a
+    prompt batch ``xs (B, N, d)``, and where it is: ``(prompt, i, j)``."""
+    scores = kernel_scores(xs, xs, kernel, bandwidth)
+    flat = int(scores.flatten().nan_to_num(nan=math.inf, posinf=math.inf).argmax())
+    index = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), scores.shape))
+    return float(scores[index]), index
+
+
+def overflow_message(owner: str, dtype: torch.dtype, kernel: str, normalize: bool, score: float, where: str) -> str:
+    """Why a functional-GD computation left ``dtype``'s range (shared by the references and the transformer)."""
+    limit = math.log(torch.finfo(dtype).max)
+    name = str(dtype).removeprefix("torch.")
+    if kernel == "softmax" and not normalize and score > limit:
+        return (
+            f"{owner}: the unnormalised softmax kernel exp(q_i·k_j / h) overflows {name}: the largest kernel score is "
+            f"{score:.6g} ({where}) and exp of a score above {limit:.4g} exceeds {name}'s largest number "
+            f"{torch.finfo(dtype).max:.3g}; the sum it weights (and so the logits) cannot be represented. Use "
+            "normalize_attention=True (softmax attention, exact with a max shift), a larger bandwidth, or inputs of "
+            "smaller magnitude"
+        )
+    return (
+        f"{owner}: the logits overflowed {name} (largest kernel score {score:.6g}, {where}); the kernel={kernel!r} "
+        "update grows with the inputs' (and weights') magnitude at every step. Use inputs of smaller magnitude, a "
+        "larger bandwidth, or fewer steps"
+    )
+
+
+def _check_finite_logits(owner, logits, xs, kernel, bandwidth, normalize, n_steps) -> None:
+    if n_steps == 0 or bool(torch.isfinite(logits).all()):
+        return
+    score, (b, i, j) = largest_kernel_score(xs, kernel, bandwidth)
+    raise ValueError(overflow_message(owner, logits.dtype, kernel, normalize, score, f"prompt {b}, x_{i}·x_{j}"))
 
 
 def _describe(value) -> str:

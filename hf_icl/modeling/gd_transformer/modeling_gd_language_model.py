@@ -40,6 +40,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from ..lm_inputs import check_generate_inputs, check_input_ids, check_labels, real_token_mask
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_no_backbone_kwargs
 from .configuration_gd_language_model import GDLanguageModelConfig
@@ -352,6 +353,12 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
         # generate must not make a DynamicCache; forward makes a GDLanguageModelCache
         return False
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate``, with the prompt's ids, its ``attention_mask`` and ``max_new_tokens`` checked
+        first (:func:`~hf_icl.modeling.lm_inputs.check_generate_inputs`)."""
+        check_generate_inputs(inputs, kwargs, self.config.vocab_size, self.config.n_positions)
+        return super().generate(inputs, generation_config, **kwargs)
+
     def token_embeddings(self) -> torch.Tensor:
         """``W = LN(wte)`` ``(V, d')``: the values' embeddings, the expectation's and the read-out's."""
         return self.ln_token(self.wte.weight)
@@ -383,7 +390,9 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
         num_items_in_batch = kwargs.pop("num_items_in_batch", None)  # Trainer's token count for the loss
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         config = self.config
-        batch, length = self._check_input_ids(input_ids)
+        batch, length = check_input_ids(input_ids, config.vocab_size)
+        if labels is not None:
+            check_labels(labels, config.vocab_size, (batch, length))
         if output_hidden_states is None:
             output_hidden_states = config.output_hidden_states
         if use_cache is None:
@@ -397,7 +406,7 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
         if cache is None and use_cache:
             cache = GDLanguageModelCache(config.n_blocks)
         past = 0 if cache is None else cache.get_seq_length()
-        real = _real_token_mask(attention_mask, batch, length, past, input_ids.device)
+        real = real_token_mask(attention_mask, batch, length, past, input_ids.device)
         prior = None if cache is None else cache.real_tokens()
 
         # Rows: row 0 is the first new token's own row (query P at its position, the cached pairs); row m >= 1 is
@@ -454,17 +463,6 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
             hidden_states=tuple(all_latents) if output_hidden_states else None,
         )
 
-    def _check_input_ids(self, input_ids) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 or input_ids.is_floating_point():
-            raise ValueError(f"input_ids must be a (batch, tokens) tensor of token ids, got {_describe(input_ids)}")
-        if input_ids.shape[1] == 0:
-            raise ValueError("input_ids must hold at least one token per row, got shape " + str(tuple(input_ids.shape)))
-        low, high = torch.stack((input_ids.min(), input_ids.max())).tolist()  # the one device sync
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"input_ids must be token ids in [0, vocab_size={self.config.vocab_size}), got {bad}")
-        return input_ids.shape
-
     def _position_indices(
         self, real: torch.Tensor | None, prior: torch.Tensor | None, batch: int, length: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -493,24 +491,6 @@ def _context_mask(real: torch.Tensor | None, past: int, length: int, device) -> 
     causal = torch.ones(length + 1, past + length, dtype=torch.bool, device=device).tril(past - 1)
     mask = causal[None, None]
     return mask if real is None else mask & real[:, None, None, :]
-
-
-def _real_token_mask(attention_mask, batch: int, length: int, past: int, device) -> torch.Tensor | None:
-    """The ``(B, length)`` bool mask of the new tokens (True = real) from a 2-D ``attention_mask``; None if all real."""
-    if attention_mask is None:
-        return None
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be a 2-D (batch, tokens) tensor of 0/1, got {_describe(attention_mask)}")
-    if attention_mask.shape[0] != batch or attention_mask.shape[1] not in (length, past + length):
-        raise ValueError(
-            f"attention_mask must have shape ({batch}, {length}) or ({batch}, {past + length}) (cached + new tokens), "
-            f"got {tuple(attention_mask.shape)}"
-        )
-    return attention_mask[:, -length:].to(device=device, dtype=torch.bool)
-
-
-def _describe(x) -> str:
-    return f"a {x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 # ------------------------------------------------------------------------------------------------------------

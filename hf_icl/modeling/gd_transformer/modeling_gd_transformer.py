@@ -73,8 +73,11 @@ from ..prompts import check_model_prompt, check_no_backbone_kwargs
 from .configuration_gd_transformer import GDTransformerConfig
 from .functional_gd import (
     causal_context_mask,
+    check_finite_tensor,
     context_query_masks,
+    kernel_scores,
     kernel_weights,
+    overflow_message,
     pair_counts,
     prefix_masks,
     squared_distances,
@@ -327,14 +330,20 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
                 with full context attention.
             output_attentions: also return each block's self-attention weights (head 1's kernel weights, then head
                 2's), ``(B, heads, N, N)`` or, for the copies of the all-prefix protocol, ``(B, N, heads, N, N)``.
-            check_inputs: check the prompt's values (finite ``xs``, class ids in ``[0, n_classes)``) at the cost of
-                one device sync; shapes, dtypes and devices are checked either way.
+            check_inputs: check the prompt's values (finite ``xs`` within
+                :func:`~hf_icl.modeling.prompts.max_prompt_magnitude` of the model's dtype, class ids in
+                ``[0, n_classes)``) at the cost of one device sync, and that the logits came out finite (a second
+                sync: the unnormalised softmax kernel's ``exp`` overflows for scores above ``log(finfo.max)``, which
+                no bound on the inputs alone prevents; the error names the block and its largest kernel score).
+                Shapes, dtypes and devices are checked either way. With ``False`` a NaN, inf or out-of-bound entry,
+                or an overflowed kernel, can make *earlier* positions NaN too (a masked weight of 0 times an
+                infinite value is NaN in the matmuls), so the predictions are causal only for valid inputs.
         """
         config = self.config
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         W_e = self.class_embedding.weight
         if n_context is None:
-            check_model_prompt(config, xs, ys, check_values=check_inputs, device=W_e.device)
+            check_model_prompt(config, xs, ys, check_values=check_inputs, device=W_e.device, dtype=W_e.dtype)
             targets, loss_mask = ys, loss_mask_for(loss_positions, xs.shape[1], xs.device)
         else:
             ys, targets = self._check_context_query(xs, ys, n_context, loss_positions, check_inputs)
@@ -367,6 +376,9 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
         elif n_context is not None:
             latents = latents[:, n_context:]
         logits = latents @ W_e
+        if check_inputs and not bool(torch.isfinite(logits).all()):  # the second device sync
+            with torch.no_grad():
+                self._explain_overflow(logits, all_states, label_slots, update_mask)
         loss = None if targets is None else categorical_loss(logits, targets, loss_mask)
         return ICLOutput(
             loss=loss,
@@ -374,6 +386,28 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
             hidden_states=tuple(all_states) if output_hidden_states else None,
             attentions=tuple(all_weights) if output_attentions else None,
         )
+
+    def _explain_overflow(self, logits, all_states, label_slots, update_mask) -> None:
+        """Raise a ``ValueError`` saying why ``logits`` are not finite: a non-finite parameter (named), else the
+        first block whose output left the dtype's range, with its largest head-1 kernel score (the unnormalised
+        softmax kernel's ``exp`` overflows once a score passes ``log(finfo.max)``: see
+        :mod:`~hf_icl.modeling.gd_transformer.functional_gd`)."""
+        for name, parameter in self.named_parameters():
+            check_finite_tensor(name, parameter.detach())
+        config, owner = self.config, type(self).__name__
+        index = tuple((~torch.isfinite(logits)).nonzero()[0].tolist())
+        where = f"logits[{index[0]}, {index[1]}] (prompt {index[0]}, query {index[1]}) is {logits[index].item()}"
+        for k, block in enumerate(self.blocks):
+            if bool(torch.isfinite(all_states[k + 1]).all()):
+                continue
+            attention, states = block.self_attention, all_states[k]
+            tokens = torch.cat((states, label_slots), dim=-1)
+            queries, keys = attention.update_query(states), attention.update_key(tokens)
+            scores = kernel_scores(queries, keys, config.kernel, config.bandwidth).masked_fill(~update_mask, -math.inf)
+            score = float(scores.nan_to_num(nan=math.inf, posinf=math.inf).max())
+            kernel, normalize = config.kernel, config.normalize_attention
+            raise ValueError(overflow_message(owner, logits.dtype, kernel, normalize, score, f"block {k}; {where}"))
+        raise ValueError(f"{owner}: the logits are not finite, {where}; the blocks' states are finite (check W_e)")
 
     def _check_context_query(self, xs, ys, n_context, loss_positions, check_inputs) -> tuple:
         """Check a context/query prompt; return ``(ys (B, N) with placeholders for absent query labels, the query
@@ -406,7 +440,8 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
                 f"ys must have shape {tuple(xs.shape[:2])} (context and query labels: the loss is computed) or "
                 f"{(xs.shape[0], n_context)} (context labels only) with n_context={n_context}, got {tuple(ys.shape)}"
             )
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.class_embedding.weight.device)
+        weight = self.class_embedding.weight
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=weight.device, dtype=weight.dtype)
         return ys, (None if context_only else ys[:, n_context:])
 
     def initial_states(self, xs: torch.Tensor) -> torch.Tensor:
@@ -451,6 +486,7 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
         if not (isinstance(W_e, torch.Tensor) and W_e.ndim == 2 and W_e.is_floating_point()):
             shape = tuple(W_e.shape) if isinstance(W_e, torch.Tensor) else type(W_e).__name__
             raise ValueError(f"W_e must be a floating-point (embed_dim, n_classes) tensor, got {shape}")
+        check_finite_tensor("W_e", W_e)
         derived = {"n_blocks": n_steps, "kernel": kernel, "embed_dim": W_e.shape[0], "n_classes": W_e.shape[1]}
         for name, value in derived.items():
             if name in config_fields and config_fields[name] != value:

@@ -67,7 +67,8 @@ class GPT2ICLModel(GPT2ICLPreTrainedModel):
     ) -> BaseModelOutput:
         """``check_inputs``: see :meth:`GPT2ForInContextRegression.forward`."""
         config = self.config
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.weight.device)
+        read_in = self.read_in.weight
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=read_in.device, dtype=read_in.dtype)
         check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         labels = encode_labels(ys, self.config.target_kind, self.config.n_classes)
         embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
@@ -121,9 +122,13 @@ class GPT2ForInContextRegression(GPT2ICLPreTrainedModel):
         Args:
             loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
             check_inputs: check the prompt's *values* (finite ``xs``; ``ys`` finite, ±1 or class ids in
-                ``[0, n_classes)`` by ``config.target_kind``) and raise a ``ValueError`` naming the first bad
+                ``[0, n_classes)`` by ``config.target_kind``; ``|x|`` and real ``|y|`` at most
+                :func:`.max_prompt_magnitude` of the model's dtype) and raise a ``ValueError`` naming the first bad
                 entry. This costs one device sync; pass ``False`` for prompts you built yourself (the trainer
-                does, for the tasks it samples). Shapes, dtypes and devices are checked either way.
+                does, for the tasks it samples). Shapes, dtypes and devices are checked either way. With ``False``
+                a NaN, inf or out-of-bound entry can make *earlier* positions NaN too (SDPA turns a whole attention
+                row NaN for one NaN score, and a masked weight of 0 times an infinite value is NaN), so the
+                predictions are causal only for valid inputs.
         """
         check_forward_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         base = self.model(

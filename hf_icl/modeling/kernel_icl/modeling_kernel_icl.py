@@ -179,8 +179,11 @@ class KernelICLForInContextRegression(KernelICLPreTrainedModel):
                 attention: row weights ``(B, N, N)`` over keys ``j`` (zero for ``j >= i``) in the causal protocol,
                 ``(B, N - n, n)`` in the context/query one; column weights ``(B, N, D, D)`` (position ``i``'s) or
                 ``(B, D, D)``.
-            check_inputs: check the prompt's *values* (finite); one device sync, skipped with ``False``. Shapes,
-                dtypes and devices are checked either way.
+            check_inputs: check the prompt's *values* (finite, ``|x|`` and ``|y|`` at most
+                :func:`.max_prompt_magnitude` of the model's dtype); one device sync, skipped with ``False``.
+                Shapes, dtypes and devices are checked either way. With ``False`` a NaN, inf or out-of-bound entry
+                can make *earlier* positions NaN too (the masked softmax weights of 0 multiply it, and 0 times inf
+                is NaN), so the predictions are causal only for valid inputs.
         """
         config = self.config
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
@@ -188,7 +191,10 @@ class KernelICLForInContextRegression(KernelICLPreTrainedModel):
             output_attentions = config.output_attentions
         device = self.out.weight.device
         if n_context is None:
-            check_prompt(xs, ys, config.n_dims, config.n_points, check_values=check_inputs, device=device)
+            dtype = self.out.weight.dtype
+            degree = 3 if config.use_column_attention and dtype == torch.float16 else 2  # float16 column Gram
+            bound = {"dtype": dtype, "degree": degree}  # the magnitude bound (max_prompt_magnitude)
+            check_prompt(xs, ys, config.n_dims, config.n_points, check_values=check_inputs, device=device, **bound)
             targets, loss_mask = ys, loss_mask_for(loss_positions, xs.shape[1], xs.device)
             predictions, attentions = self._causal(xs, ys, output_attentions)
         else:
@@ -292,7 +298,9 @@ class KernelICLForInContextRegression(KernelICLPreTrainedModel):
                 f"ys must have shape {tuple(xs.shape[:2])} (context and query labels: the loss is computed) or "
                 f"{(xs.shape[0], n_context)} (context labels only) with n_context={n_context}, got {tuple(ys.shape)}"
             )
-        check_prompt(xs, ys, config.n_dims, None, check_values=check_inputs, device=device)
+        dtype = self.out.weight.dtype
+        degree = 3 if config.use_column_attention and dtype == torch.float16 else 2  # float16 column Gram: 1e2
+        check_prompt(xs, ys, config.n_dims, None, check_values=check_inputs, device=device, dtype=dtype, degree=degree)
         return None if context_only else ys[:, n_context:]
 
 

@@ -25,6 +25,13 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from ...kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
 from ..heads import ICLHead, ICLOutput, loss_mask_for
+from ..lm_inputs import (
+    check_generate_inputs,
+    check_input_ids,
+    check_labels,
+    check_position_ids,
+    real_token_mask,
+)
 from ..loading import BitExactLoadingMixin
 from ..prompts import PROMPT_FORMATS, check_model_prompt, check_no_backbone_kwargs, encode_labels
 from .configuration_linear_gpt import LinearGPTConfig
@@ -342,6 +349,7 @@ class LinearGPTModel(LinearGPTPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("LinearGPTModel.forward takes exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
+            check_input_ids(input_ids, self.config.vocab_size)
             inputs_embeds = self.wte(input_ids)
         batch, length = inputs_embeds.shape[:2]
         if use_cache is None:
@@ -359,9 +367,11 @@ class LinearGPTModel(LinearGPTPreTrainedModel):
                 f"got {type(past_key_values).__name__}"
             )
         past = 0 if past_key_values is None else past_key_values.get_seq_length()
-        key_mask = _key_mask(attention_mask, batch, length, past, inputs_embeds.device)
+        key_mask = real_token_mask(attention_mask, batch, length, past, inputs_embeds.device)
         if position_ids is None:
             position_ids = self._default_positions(key_mask, batch, length, past_key_values, inputs_embeds.device)
+        else:  # generate passes its own (from the mask): past n_positions they would index wpe out of range
+            check_position_ids(position_ids, batch, length, self.config.n_positions)
 
         hidden_states = self.drop(inputs_embeds + self.wpe(position_ids))
         all_hidden_states = () if output_hidden_states else None
@@ -397,24 +407,6 @@ class LinearGPTModel(LinearGPTPreTrainedModel):
                     "learned positions"
                 )
         return positions
-
-
-def _key_mask(attention_mask, batch: int, length: int, past: int, device) -> torch.Tensor | None:
-    """The ``(B, length)`` bool mask of the new tokens (True = real) from a 2-D ``attention_mask``."""
-    if attention_mask is None:
-        return None
-    if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2:
-        raise ValueError(f"attention_mask must be a 2-D (batch, tokens) tensor of 0/1, got {_describe(attention_mask)}")
-    if attention_mask.shape[0] != batch or attention_mask.shape[1] not in (length, past + length):
-        raise ValueError(
-            f"attention_mask must have shape ({batch}, {length}) or ({batch}, {past + length}) (cached + new tokens), "
-            f"got {tuple(attention_mask.shape)}"
-        )
-    return attention_mask[:, -length:].to(device=device, dtype=torch.bool)
-
-
-def _describe(x) -> str:
-    return f"shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
 
 
 class LinearGPTForInContextRegression(LinearGPTPreTrainedModel):
@@ -467,11 +459,16 @@ class LinearGPTForInContextRegression(LinearGPTPreTrainedModel):
         Args:
             loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
             output_hidden_states: also return the hidden state of every token after each block.
-            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``)
-                at the cost of one device sync; shapes, dtypes and devices are checked either way.
+            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``;
+                ``|x|`` and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype)
+                at the cost of one device sync; shapes, dtypes and devices are checked either way. With ``False`` a
+                NaN, inf or out-of-bound entry can make *earlier* positions NaN too (the masked linear-attention
+                matmuls multiply a weight of 0 by it, and 0 times inf is NaN), so the predictions are causal only
+                for valid inputs.
         """
         config = self.config
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.weight.device)
+        read_in = self.read_in.weight
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=read_in.device, dtype=read_in.dtype)
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
@@ -513,6 +510,12 @@ class LinearGPTForCausalLM(LinearGPTPreTrainedModel, GenerationMixin):
         # generate must not make a DynamicCache (it holds keys and values); forward makes a LinearAttentionCache
         return False
 
+    def generate(self, inputs=None, generation_config=None, **kwargs):
+        """transformers' ``generate``, with the prompt's ids, its ``attention_mask`` and ``max_new_tokens`` checked
+        first (:func:`~hf_icl.modeling.lm_inputs.check_generate_inputs`)."""
+        check_generate_inputs(inputs, kwargs, self.config.vocab_size, self.config.n_positions)
+        return super().generate(inputs, generation_config, **kwargs)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -541,6 +544,8 @@ class LinearGPTForCausalLM(LinearGPTPreTrainedModel, GenerationMixin):
             **kwargs,
         )
         hidden_states = out.last_hidden_state
+        if labels is not None:
+            check_labels(labels, self.config.vocab_size, tuple(hidden_states.shape[:2]))
         if isinstance(logits_to_keep, int):
             hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         else:

@@ -92,13 +92,20 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
         Args:
             loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
             output_hidden_states: also return the activations of every hidden layer, ``(B, N, hidden_size)`` each.
-            check_inputs: check the prompt's *values* (finite, ±1 or class ids by ``config.target_kind``); one
-                device sync, skipped with ``False``. Shapes, dtypes and devices are checked either way.
+            check_inputs: check the prompt's *values* (finite, ±1 or class ids by ``config.target_kind``; ``|x|``
+                and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype, degree 3 for the
+                cubic feature map ``"linear"``); one device sync, skipped with ``False``. Shapes, dtypes and devices
+                are checked either way. With ``False`` a NaN, inf or out-of-bound entry can make *earlier* positions
+                NaN too (the feature maps' masked matmuls multiply a weight of 0 by it, and 0 times inf is NaN), so
+                the predictions are causal only for valid inputs.
         """
         config = self.config
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         weight = self.head.read_out.weight
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=weight.device)
+        degree = 3 if config.mlp_input != "vectorized" and config.feature_map == "linear" else 2  # ψ_L is cubic
+        check_model_prompt(
+            config, xs, ys, check_values=check_inputs, device=weight.device, dtype=weight.dtype, degree=degree
+        )
         if output_hidden_states is None:
             output_hidden_states = config.output_hidden_states
         labels = encode_labels(ys, config.target_kind, config.n_classes)
@@ -142,7 +149,8 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
         """
         config = self.config
         dtype = self.head.read_out.weight.dtype
-        check_model_prompt(config, xs, ys, device=self.head.read_out.weight.device)
+        degree = 3 if config.mlp_input != "vectorized" and config.feature_map == "linear" else 2  # ψ_L is cubic
+        check_model_prompt(config, xs, ys, device=self.head.read_out.weight.device, dtype=dtype, degree=degree)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         features = self.input_features(xs, labels)
         return self._materialised_inputs(xs.to(dtype), labels.to(dtype), features)

@@ -169,7 +169,8 @@ class SGPTModel(SGPTPreTrainedModel):
         context rows, whose outputs nothing reads (unless ``output_hidden_states`` asks for every token).
         """
         config = self.config
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=self.read_in.device)
+        read_in = self.read_in
+        check_model_prompt(config, xs, ys, check_values=check_inputs, device=read_in.device, dtype=read_in.dtype)
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         labels = encode_labels(ys, config.target_kind, config.n_classes)
         tokens = self.prompt.tokens(xs.to(self.read_in.dtype), labels) @ self.read_in
@@ -241,8 +242,12 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
         Args:
             loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
             output_hidden_states: also return the hidden state of every token after each layer.
-            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``)
-                at the cost of one device sync; shapes, dtypes and devices are checked either way.
+            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``;
+                ``|x|`` and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype)
+                at the cost of one device sync; shapes, dtypes and devices are checked either way. With ``False`` a
+                NaN, inf or out-of-bound entry can make *earlier* positions NaN too (the masked attention matmul
+                multiplies a weight of 0 by it, and 0 times inf is NaN), so the predictions are causal only for
+                valid inputs.
         """
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         base = self.model(
@@ -261,7 +266,7 @@ def per_prefix_predictions(model: SGPTForInContextRegression, xs: torch.Tensor, 
     config = model.config
     if config.prompt_format != "concatenated":
         raise ValueError(f"per-prefix matrices exist for prompt_format='concatenated', got {config.prompt_format!r}")
-    check_model_prompt(config, xs, ys)
+    check_model_prompt(config, xs, ys, dtype=model.model.read_in.dtype)
     rows = torch.cat((xs, encode_labels(ys, config.target_kind, config.n_classes).to(xs.dtype)), dim=-1)
     outputs = []
     for i in range(xs.shape[1]):
