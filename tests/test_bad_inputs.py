@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from bad_input_rows import assert_rejects, row
 
 import hf_icl
 from hf_icl import GPT2ForInContextRegression, GPT2ICLConfig, GPT2ICLModel
@@ -101,10 +102,6 @@ def flash(scaling=0.2, block_size=16, **overrides):
     return block_sparse_flash_attention(
         args["q"], args["k"], args["v"], args["keep"], block_size=block_size, scaling=scaling
     )
-
-
-def row(row_id: str, call, words: list[str], error: type[Exception] = ValueError):
-    return pytest.param(call, error, words, id=row_id)
 
 
 xs, ys = prompt()
@@ -779,11 +776,7 @@ def files(tmp_path_factory):
 
 @pytest.mark.parametrize("call, error, words", API_ROWS)
 def test_python_api_rejects(call, error, words, files):
-    with pytest.raises(error) as caught:
-        call(files) if call.__code__.co_argcount else call()
-    message = str(caught.value)
-    missing = [word for word in words if word not in message]
-    assert not missing, f"{missing} not in the message: {message}"
+    assert_rejects(lambda: call(files) if call.__code__.co_argcount else call(), error, words)
 
 
 # -- the command line ----------------------------------------------------------------------------------------------

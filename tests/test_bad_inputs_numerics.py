@@ -14,6 +14,7 @@ from functools import cache
 
 import pytest
 import torch
+from bad_input_rows import assert_rejects, row
 from torch import nn
 
 from hf_icl.data.tasks import get_task
@@ -122,10 +123,6 @@ class NaNModel(nn.Module):
 
 def nan_estimator(xs, ys):
     return with_entry(torch.zeros_like(ys), (3, 5), float("nan"))
-
-
-def row(row_id: str, call, words: list[str], error: type[Exception] = ValueError):
-    return pytest.param(call, error, words, id=row_id)
 
 
 xs, ys = prompt()
@@ -325,11 +322,7 @@ EVALUATION_ROWS = [
 
 @pytest.mark.parametrize("call, error, words", MAGNITUDE_ROWS + GD_ROWS + KERNEL_ROWS + EVALUATION_ROWS)
 def test_rejects(call, error, words):
-    with pytest.raises(error) as caught:
-        call()
-    message = str(caught.value)
-    missing = [word for word in words if word not in message]
-    assert not missing, f"{missing} not in the message: {message}"
+    assert_rejects(call, error, words)
 
 
 # -- the good paths --------------------------------------------------------------------------------------------------

@@ -340,3 +340,24 @@ def test_n_classes_mismatch_on_the_command_line(tmp_path, no_heavy_work, capsys)
 def test_matching_n_classes_is_accepted(tmp_path):
     args = tiny_args(tmp_path, task="categorical", model_type="gd_transformer", model_overrides='{"n_classes": 5}')
     assert args.model_config_fields(args.task_family())["n_classes"] == 5
+
+
+def test_a_damaged_cached_run_is_a_one_line_error_that_says_retrain(tmp_path):
+    """A reproduction reuses finished runs from disk: a truncated tensor file or an edited JSON record is refused
+    with the file named and the way out (--retrain), not a raw SafetensorError / JSONDecodeError."""
+    from safetensors.torch import save_file
+
+    from hf_icl.reproduce.linear_attention import ERRORS_FILE, GroupResult
+    from hf_icl.reproduce.runs import DamagedRunError, read_run_json, read_run_tensors
+
+    errors = tmp_path / ERRORS_FILE
+    save_file({"softmax": torch.arange(6.0)}, errors)
+    assert torch.equal(read_run_tensors(errors)["softmax"], torch.arange(6.0))
+    errors.write_bytes(errors.read_bytes()[:-5])
+    with pytest.raises(DamagedRunError, match=r"errors\.safetensors cannot be read .*--retrain"):
+        read_run_tensors(errors)
+    (tmp_path / "run.json").write_text('{"spec": ')
+    with pytest.raises(DamagedRunError, match=r"run\.json cannot be read .*--retrain"):
+        GroupResult.load(tmp_path)
+    with pytest.raises(DamagedRunError, match="--retrain"):
+        read_run_json(tmp_path / "missing.json")

@@ -652,7 +652,7 @@ def main(argv: list[str] | None = None) -> str:
     for shape in args.shapes:
         report.append(emit_markdown(selection_section(args, shape, fused_selection), args.output))
     report.append(
-        emit_markdown(coarsening_section(args, use_kernel and args.device.type == "cuda" or args.smoke), args.output)
+        emit_markdown(coarsening_section(args, use_kernel and (args.device.type == "cuda" or args.smoke)), args.output)
     )
     flex = _compiled_flex(args) if args.flex else None
     for shape in args.shapes:

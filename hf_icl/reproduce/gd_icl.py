@@ -66,7 +66,7 @@ from ..validation import check_choice, check_float, check_int
 from .gd_icl_stationary import CONTROL_STEP_FACTOR, STATIONARY_RATIO, loss_gradient, with_step_size_scaled
 from .gd_icl_stories import TITLE as stories_title
 from .gd_icl_stories import stories
-from .runs import Experiment, Report, Subject, log, seed_interval, usable_cores
+from .runs import Experiment, Report, Subject, log, read_run_json, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble, build_seeded, stacked_optimizer_step
 from .workers import worker_pool
 
@@ -538,7 +538,7 @@ def _load_run(scale: Scale, stream: Stream, spec: ModelSpec, runs_dir: Path):
 
     run_dir = runs_dir / stream.name / spec.name
     spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or json.loads(spec_file.read_text()) != training_spec(scale, stream, spec):
+    if not spec_file.is_file() or read_run_json(spec_file) != training_spec(scale, stream, spec):
         return None
     hf_logging.disable_progress_bar()
     return [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in scale.seeds]

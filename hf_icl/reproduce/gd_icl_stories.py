@@ -50,7 +50,7 @@ from ..evaluation.story_judge import CRITERIA, aggregate_scores, judge_stories
 from ..modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM, attention_parameter_counts
 from ..training.checkpoints import quiet_progress
 from ..validation import check_int
-from .runs import Report, Subject, log
+from .runs import Report, Subject, log, read_run_json
 
 TITLE = "language generation: Softmax GD, Softmax GD + FF and a one-layer transformer on stories"
 #: model name -> its label in the report
@@ -338,11 +338,11 @@ def _load_run(run_dir: Path, spec: dict):
     from transformers import AutoModelForCausalLM
 
     spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or json.loads(spec_file.read_text()) != spec:
+    if not spec_file.is_file() or read_run_json(spec_file) != spec:
         return None
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(run_dir).eval()
-    return model, json.loads((run_dir / "curve.json").read_text())
+    return model, read_run_json(run_dir / "curve.json")
 
 
 def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrain: bool):

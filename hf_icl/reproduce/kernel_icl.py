@@ -29,13 +29,13 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
 from ..evaluation.metrics import metric_for_task
 from ..training.checkpoints import quiet_progress
-from .runs import Experiment, Report, Subject, log, seed_interval, usable_cores
+from .runs import Experiment, Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble
 from .workers import worker_pool
 
@@ -235,11 +235,11 @@ def _load_group(run_dir: Path, spec: dict) -> tuple[list[torch.nn.Module], torch
     from transformers import AutoModel
 
     spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or json.loads(spec_file.read_text()) != spec:
+    if not spec_file.is_file() or read_run_json(spec_file) != spec:
         return None
     with quiet_progress():
         models = [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in spec["seeds"]]
-    return models, load_file(run_dir / "losses.safetensors")["losses"]
+    return models, read_run_tensors(run_dir / "losses.safetensors")["losses"]
 
 
 def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_dir: Path) -> None:

@@ -46,7 +46,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from ..data.tasks import get_task
 from ..evaluation.ood import ANISOTROPIC_VARIANCES, ood_task
@@ -54,7 +54,17 @@ from ..evaluation.plotting import new_panels, save_figure
 from ..kernels.linear_attention import FEATURE_MAPS, feature_dim
 from ..training.trainer import step_seed
 from ..validation import check_choice
-from .runs import Experiment, Report, Subject, comparable, log, seed_interval, usable_cores
+from .runs import (
+    Experiment,
+    Report,
+    Subject,
+    comparable,
+    log,
+    read_run_json,
+    read_run_tensors,
+    seed_interval,
+    usable_cores,
+)
 from .seed_ensemble import SeedEnsemble, build_seeded
 from .workers import worker_pool
 
@@ -462,13 +472,13 @@ class GroupResult:
 
     @classmethod
     def load(cls, run_dir: Path) -> GroupResult:
-        record = json.loads((run_dir / "run.json").read_text())
+        record = read_run_json(run_dir / "run.json")
         return cls(
             GroupSpec.from_dict(record["spec"]),
             record["steps"],
             torch.tensor(record["test_curve"], dtype=torch.float64),
             torch.tensor(record["train_curve"], dtype=torch.float64),
-            load_file(run_dir / ERRORS_FILE),
+            read_run_tensors(run_dir / ERRORS_FILE),
             record["seconds"],
         )
 

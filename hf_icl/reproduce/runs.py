@@ -69,6 +69,30 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
     return result.model.eval()
 
 
+class DamagedRunError(ValueError):
+    """A cached run folder that cannot be read back (a truncated or edited file): rerun with ``--retrain``."""
+
+
+def read_run_json(path: Path) -> Any:
+    """A cached run's JSON file; a damaged one is a :class:`DamagedRunError` saying how to recover."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as err:
+        raise DamagedRunError(f"cached run file {path} cannot be read ({err}); rerun with --retrain") from None
+
+
+def read_run_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """A cached run's safetensors file; a truncated or crafted one is a :class:`DamagedRunError`."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (OSError, SafetensorError, ValueError) as err:
+        reason = " ".join(str(err).split())
+        raise DamagedRunError(f"cached run file {path} cannot be read ({reason}); rerun with --retrain") from None
+
+
 def _same_run(saved: dict, wanted: dict) -> bool:
     strip = lambda values: {k: v for k, v in values.items() if k not in _BOOKKEEPING}  # noqa: E731
     return strip(saved) == strip(wanted)

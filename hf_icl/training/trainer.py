@@ -458,32 +458,37 @@ class ICLTrainer:
 
     def _save_failed(self, err: CheckpointSaveError) -> CheckpointSaveError:
         """One error, one recovery command: the newest good checkpoint to resume from, or start again."""
-        good = self._recovery_checkpoint(before=err.step - 1)
-        fix = self._write_fix(err.errno)
-        if good is None:
-            advice = f"No earlier checkpoint exists; {fix}, start again: {self.args.command_line()}"
-        else:
-            advice = (
-                f"Earlier checkpoints are intact; {fix}, resume from the newest one: "
-                f"{self.args.command_line(resume_from_checkpoint=str(good))}"
-            )
+        advice = self._recovery_advice(
+            err.step - 1,
+            err.errno,
+            "No earlier checkpoint exists",
+            "Earlier checkpoints are intact",
+            "resume from the newest one",
+        )
         return CheckpointSaveError(f"{err} (the partial checkpoint was removed). {advice}", step=err.step, cause=err)
+
+    def _recovery_advice(self, before: int, error_number: int | None, none: str, intact: str, action: str) -> str:
+        """The one recovery command after a failed write: resume from the newest finite checkpoint at or before
+        ``before``, or start again."""
+        good = self._recovery_checkpoint(before=before)
+        fix = self._write_fix(error_number)
+        if good is None:
+            return f"{none}; {fix}, start again: {self.args.command_line()}"
+        return f"{intact}; {fix}, {action}: {self.args.command_line(resume_from_checkpoint=str(good))}"
 
     def _final_write_failed(self, err: BaseException) -> CheckpointSaveError:
         """Writing the final model folder failed after the last checkpoint was saved: resume from that checkpoint
         (the run is finished there; resuming only writes the final model and results)."""
         cause, step = as_os_error(err), self.progress.step
-        good = self._recovery_checkpoint(before=step)
         what = f"could not write the final model of step {step} to {self.output_dir}: {cause.strerror or cause}"
         what += f" [errno {cause.errno}: {errno.errorcode.get(cause.errno, '?')}]" if cause.errno else ""
-        fix = self._write_fix(cause.errno)
-        if good is None:
-            advice = f"No checkpoint of this run exists; {fix}, start again: {self.args.command_line()}"
-        else:
-            advice = (
-                f"Its last checkpoint is complete; {fix}, finish the run from it: "
-                f"{self.args.command_line(resume_from_checkpoint=str(good))}"
-            )
+        advice = self._recovery_advice(
+            step,
+            cause.errno,
+            "No checkpoint of this run exists",
+            "Its last checkpoint is complete",
+            "finish the run from it",
+        )
         return CheckpointSaveError(f"{what}. {advice}", step=step, cause=cause)
 
     def _start_again(self, how: str = "start again") -> str:
