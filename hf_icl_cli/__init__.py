@@ -2,7 +2,8 @@
 
 ``hf-icl --help`` and ``hf-icl --version`` are answered here, without importing torch, transformers
 or ``hf_icl`` itself (whose import registers every model with transformers' Auto classes and takes
-seconds); every other call is handed to :func:`hf_icl.cli.main`.
+seconds); every other call is handed to :func:`hf_icl.cli.main`, imported inside :func:`main` only (``hf_icl.cli``
+imports :mod:`hf_icl_cli.commands`, so a module-level import here would be a cycle).
 """
 
 from __future__ import annotations
@@ -11,29 +12,9 @@ import argparse
 import sys
 from importlib import metadata
 
-DESCRIPTION = """\
-in-context learning research on Hugging Face: train ICL models, compare them with classical
-estimators, evaluate under distribution shifts, CAB block-sparse attention on real LLMs.
+from .commands import COMMANDS, DESCRIPTION
 
-Every long option takes both spellings (--n-prompts or --n_prompts); `hf-icl COMMAND --help`
-lists a command's options. Multi-GPU:
-  accelerate launch -m hf_icl.cli train --config configs/garg_linear_regression.yaml
-"""
-
-#: every sub-command and its one-line help (hf_icl.cli builds its parsers with these lines)
-COMMANDS = {
-    "quickstart": "train a tiny GPT-2 in context, compare it with estimators, save, reload, check",
-    "train": "train an ICL model (every training argument is a flag; --config YAML)",
-    "evaluate": "evaluate a trained model against estimators (--suite garg: Garg et al.'s distribution shifts)",
-    "push": "upload a trained model folder (weights, config, card, plots) to the Hugging Face Hub",
-    "compare": "compare in-context estimators on a task family",
-    "tasks": "list task families and their hyperparameters",
-    "dataset": "build an ICLTasks dataset, save it to disk or push it to the Hub",
-    "niah": "needle-in-a-haystack: dense vs CAB policies x sparsities on a causal LM (resumable)",
-    "perplexity": "long-text perplexity: dense vs CAB policies x sparsities",
-    "reproduce": "reproduce a research document's experiments (hf-icl reproduce --help lists them)",
-    "bench": "run a benchmark: cab, estimators, linear-attention, samplers, sgpt, startup (hf-icl bench NAME --help)",
-}
+__all__ = ["COMMANDS", "DESCRIPTION", "front_parser", "main", "version"]
 
 
 def version() -> str:

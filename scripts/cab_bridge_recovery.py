@@ -9,16 +9,17 @@ weight ``w``. With ``A = adjacency / max`` each policy keeps ``k = max(1, int(N 
 entries of the whole (non-causal) ``N x N`` matrix:
 
 * ``magnitude``: the k largest entries of ``A`` (H2O-style);
-* ``frc``: the k highest FRC entries, ``FRC = A - lam * (A @ A) / N`` (CAB's choice in :mod:`hf_icl.attention`);
+* ``frc``: the k highest FRC entries, ``FRC = A - lam * (A @ A) / N`` (the curvature proxy CAB's FRC policies use);
 * ``frc_low``: the k lowest FRC entries (the document's "bridge-preserving" variant).
 
 Recall is the fraction of trials in which the entry ``A[src, dst]`` is kept. Exactly k entries are kept, ties
-broken towards the lower flat index (the rule of :mod:`hf_icl.attention.selection`); the document kept every
-entry ``>=`` the k-th value instead, which keeps more than k on ties (every symmetric pair is a tie).
+broken towards the lower flat index (as CAB's selection breaks them); the document kept every entry ``>=`` the
+k-th value instead, which keeps more than k on ties (every symmetric pair is a tie).
 
-FRC comes from :func:`hf_icl.attention.selection.frc_scores` with ``causal=None``: it min-max normalises the
-scores, which is the identity here (``A`` has min 0 on its zero diagonal and max 1), and its two-hop term is
-``A @ A`` for a square grid, divided by N, so it is exactly the document's ``A - lam * (A @ A) / N``.
+FRC comes from :func:`frc_scores`: it min-max normalises the scores, which is the identity here (``A`` has min 0
+on its zero diagonal and max 1), then subtracts the two-hop term ``A @ A`` divided by N, so it is exactly the
+document's ``A - lam * (A @ A) / N``. (It is the non-causal, whole-matrix form of the per-block FRC that CAB
+once selected with; CAB now scores per query token, :func:`hf_icl.kernels.token_selection.token_frc_scores`.)
 """
 
 from __future__ import annotations
@@ -28,8 +29,6 @@ import time
 from pathlib import Path
 
 import torch
-
-from hf_icl.attention.selection import frc_scores
 
 POLICIES = ("magnitude", "frc", "frc_low")
 BRIDGE_WEIGHTS = (0.05, 0.1, 0.2, 0.5)
@@ -80,9 +79,19 @@ def bridge_position(rank: torch.Tensor, flat_index: int) -> torch.Tensor:
     return (order == flat_index).int().argmax(-1)
 
 
+def frc_scores(scores: torch.Tensor, lam: float = 0.5) -> torch.Tensor:
+    """FRC ``A - lam * (A @ A) / N`` of square ``(..., N, N)`` scores, ``A`` the scores min-max normalised to
+    ``[0, 1]`` per matrix (``A = 1`` where every score is equal), float32."""
+    s = scores.float()
+    lo = s.amin(dim=(-2, -1), keepdim=True)
+    span = s.amax(dim=(-2, -1), keepdim=True) - lo
+    a = torch.where(span > 0, (s - lo) / span.clamp_min(torch.finfo(torch.float32).tiny), torch.ones_like(s))
+    return a - lam * torch.matmul(a, a) / max(s.shape[-1], 1)
+
+
 def policy_ranks(a: torch.Tensor, lam: float) -> dict[str, torch.Tensor]:
     """The ranking (higher = kept first) each policy applies to the normalised graphs ``a``."""
-    frc = frc_scores(a, None, lam)
+    frc = frc_scores(a, lam)
     return {"magnitude": a, "frc": frc, "frc_low": -frc}
 
 

@@ -147,9 +147,9 @@ def test_plot_attention_comparison(tmp_path):
 def test_plot_block_selection(tmp_path):
     torch.manual_seed(1)
     scores = torch.randn(8, 8).masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), -torch.inf)
-    keep = torch.eye(8, dtype=torch.bool)
-    _assert_png(plot_block_selection(scores, keep, tmp_path / "blocks.png"))
-    _assert_png(plot_block_selection(scores, keep, tmp_path / "sub" / "frc.png", frc=torch.rand(8, 8), title="t"))
+    block_keep = torch.eye(8, dtype=torch.bool)
+    _assert_png(plot_block_selection(scores, block_keep, tmp_path / "blocks.png"))
+    _assert_png(plot_block_selection(scores, block_keep, tmp_path / "sub" / "frc.png", frc=torch.rand(8, 8), title="t"))
 
 
 def test_cab_attention_maps(tmp_path):

@@ -20,9 +20,10 @@ from transformers import GPT2Config, GPT2LMHeadModel, PreTrainedTokenizerFast
 
 import hf_icl.evaluation.niah as niah
 from hf_icl.attention.cab import BUDGETS, CABParams, enable_cab, select_cab_blocks
-from hf_icl.attention.selection import attention_preservation
+from hf_icl.attention.preservation import attention_preservation
 from hf_icl.cli import main
 from hf_icl.data.niah import MULTIKEY_QUESTION, WORDS, NeedleInAHaystackConfig
+from hf_icl.evaluation import cab_methods
 from hf_icl.evaluation.intervals import wilson_interval
 from hf_icl.evaluation.niah import (
     RECORD_FIELDS,
@@ -228,15 +229,15 @@ def test_preservation_matches_an_independent_full_computation(records, model, to
         scores, kept_pairs, causal_pairs = [], 0, 0
         for q, k in layers:
             scaling = q.shape[-1] ** -0.5
-            blocks = select_cab_blocks(q, k, params, scaling)  # (1, H, n, Mk): one row per query token
+            token_keep = select_cab_blocks(q, k, params, scaling)  # (1, H, n, Mk): one row per query token
             causal = torch.ones(n, n, dtype=torch.bool).tril()
             probs = torch.softmax((q @ k.transpose(-1, -2) * scaling).masked_fill(~causal, -math.inf), -1)
-            kept = blocks.repeat_interleave(16, dim=3)[..., :n] & causal  # token level
+            kept = token_keep.repeat_interleave(16, dim=3)[..., :n] & causal  # token level
             rows = slice(p - n_rows, p)
             scores.append(attention_preservation(probs[:, :, rows, :p], kept[:, :, rows, :p], needle).mean())
-            block_causal = (torch.arange(n)[:, None] // 16) >= torch.arange(blocks.shape[-1])
-            kept_pairs += int((blocks & block_causal).sum())
-            causal_pairs += int(block_causal.sum()) * blocks.shape[1]
+            block_causal = (torch.arange(n)[:, None] // 16) >= torch.arange(token_keep.shape[-1])
+            kept_pairs += int((token_keep & block_causal).sum())
+            causal_pairs += int(block_causal.sum()) * token_keep.shape[1]
         assert record["preservation"] == pytest.approx(float(torch.stack(scores).mean()), abs=1e-5)
         assert record["achieved_sparsity"] == pytest.approx(1 - kept_pairs / causal_pairs, abs=1e-9)
 
@@ -245,21 +246,23 @@ def test_preservation_matches_an_independent_full_computation(records, model, to
 def test_needle_preservation_equals_full_masked_softmax(n_q, n_k, rows):
     g = torch.Generator().manual_seed(n_q + rows)
     q, k = torch.randn(2, 4, n_q, 32, generator=g), torch.randn(2, 2, n_k, 32, generator=g)  # grouped-query heads
-    keep = torch.rand(2, 4, n_q, -(-n_k // 16), generator=g) < 0.5  # per query token
+    token_keep = torch.rand(2, 4, n_q, -(-n_k // 16), generator=g) < 0.5  # per query token
     offset = n_k - n_q
-    got = needle_preservation(q, k, keep, block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows)
+    got = needle_preservation(
+        q, k, token_keep, block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows
+    )
     k_full = k.repeat_interleave(2, dim=1)
     causal = (offset + torch.arange(n_q))[:, None] >= torch.arange(n_k)
     probs = torch.softmax((q @ k_full.transpose(-1, -2) * 0.2).masked_fill(~causal, -math.inf), -1)
     # written out: query i (position offset + i) sees key j iff j's block is kept for it and j <= its position
-    kept = keep.repeat_interleave(16, dim=3)[..., :n_k] & causal
+    kept = token_keep.repeat_interleave(16, dim=3)[..., :n_k] & causal
     needle = torch.arange(n_k)
     expected = attention_preservation(probs[:, :, -rows:], kept[:, :, -rows:], (needle >= 20) & (needle < 50))
     assert got.shape == (2, 4)
     torch.testing.assert_close(got, expected)
-    with pytest.raises(ValueError, match="keep must be a per-token selection"):
+    with pytest.raises(ValueError, match="token_keep must be a per-token selection"):
         needle_preservation(
-            q, k, keep[:, :, :3], block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows
+            q, k, token_keep[:, :, :3], block_size=16, scaling=0.2, needle_start=20, needle_end=50, last_rows=rows
         )
 
 
@@ -493,16 +496,6 @@ def _selection_spy(monkeypatch):
     return seen, spy
 
 
-def _params_spy(seen, original):
-    """A stand-in for ``select_cab_blocks(query, key, params, ...)`` that records ``params`` in ``seen``."""
-
-    def spy(query, key, params, *args, **kwargs):
-        seen.append(params)
-        return original(query, key, params, *args, **kwargs)
-
-    return spy
-
-
 def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
     saved = _saved_tiny_gpt2(tokenizer, tmp_path)
     seen, _ = _selection_spy(monkeypatch)
@@ -530,7 +523,7 @@ def test_cli_cab_knobs_are_recorded_and_used(tokenizer, tmp_path, monkeypatch):
         "magnitude_fraction": 1.0,
     }
     # every other CAB field is recorded too; the ones run_niah sets per method are not
-    assert set(header["cab"]) == set(CABParams.__dataclass_fields__) - set(niah._SET_BY_RUN)
+    assert set(header["cab"]) == set(CABParams.__dataclass_fields__) - set(cab_methods.CAB_FIELDS_SET_BY_RUN)
     assert header["chat_template"] is False and header["gguf_file"] is None
     assert seen and all((p.sink_blocks, p.lam, p.magnitude_fraction) == (0, 0.25, 1.0) for p in seen)
 
@@ -548,12 +541,12 @@ def test_a_bos_token_the_tokenizer_adds_is_prepended(monkeypatch):
     generate = model.generate
     monkeypatch.setattr(model, "generate", lambda ids, **kw: seen.append(ids[0].tolist()) or generate(ids, **kw))
 
-    class Probe(niah._PreservationProbe):
+    class Probe(niah.PreservationProbe):
         def __init__(self, start, end, rows, prompt_length):
             spans.append((start, end, prompt_length))
             super().__init__(start, end, rows, prompt_length)
 
-    monkeypatch.setattr(niah, "_PreservationProbe", Probe)
+    monkeypatch.setattr(niah, "PreservationProbe", Probe)
     grid = {"context_lengths": [96], "depths": [0.5], "samples_per_cell": 1}
     (record,) = run_niah(model, tokenizer, methods=[NIAHMethod("streaming", 0.25)], progress=False, **grid)
     (row,) = _rows(tokenizer, **grid)
@@ -573,9 +566,9 @@ def test_the_teacher_forced_shortcut_gives_the_record_generate_gives(tokenizer, 
     generate = model.generate
     monkeypatch.setattr(model, "generate", lambda ids, **kw: calls.append(1) or generate(ids, **kw))
     original_predicate = niah._greedy_is_answer
-    with niah._restoring(model):
+    with cab_methods.restoring_attention(model):
         model.eval()
-        niah._use_method(model, method, 16, "row")
+        cab_methods.apply_method(model, method, 16, "row")
         # a row whose answer is the model's own greedy continuation (cached decoding), so the shortcut applies
         with torch.no_grad():
             out = generate(torch.tensor([row["input_ids"]]), max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -650,12 +643,12 @@ def test_chat_template_wraps_every_prompt(monkeypatch, tmp_path):
         lambda module, args, kwargs: forwards.append(kwargs["input_ids"][0].tolist()), with_kwargs=True
     )
 
-    class Probe(niah._PreservationProbe):
+    class Probe(niah.PreservationProbe):
         def __init__(self, start, end, rows, prompt_length):
             probes.append((start, end, rows, prompt_length))
             super().__init__(start, end, rows, prompt_length)
 
-    monkeypatch.setattr(niah, "_PreservationProbe", Probe)
+    monkeypatch.setattr(niah, "PreservationProbe", Probe)
     grid = {"context_lengths": [96], "depths": [0.0, 1.0], "samples_per_cell": 1}
     methods = [NIAHMethod(), NIAHMethod("streaming", 0.5)]
     path = tmp_path / "chat.jsonl"
@@ -848,7 +841,7 @@ def test_cli_reads_a_gguf_checkpoint_with_its_chat_template(gguf_dir, tmp_path, 
 
 
 def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
-    import hf_icl.cli as cli
+    import hf_icl.cli.lm_commands as lm_commands
 
     saved = tmp_path / "tiny"
     tiny_gpt2(len(tokenizer)).save_pretrained(saved)
@@ -866,7 +859,7 @@ def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
         assert main([*base, *extra]) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "hf-icl niah: error:" in err and re.search(match, err), err
-    monkeypatch.setattr(cli, "_gguf_available", lambda: False)
+    monkeypatch.setattr(lm_commands, "_gguf_available", lambda: False)
     assert main([*base, "--model", str(tmp_path), "--gguf-file", "model.gguf"]) == 2
     err = capsys.readouterr().err
     assert "needs the gguf package" in err and "pip install 'hf_icl[llm]'" in err
@@ -875,7 +868,6 @@ def test_cli_gguf_errors_are_one_line(tokenizer, tmp_path, capsys, monkeypatch):
 def test_cli_passes_topk_and_score_to_the_config(tokenizer, tmp_path, monkeypatch):
     saved = _saved_tiny_gpt2(tokenizer, tmp_path)
     seen, _ = _selection_spy(monkeypatch)
-    monkeypatch.setattr(niah, "select_cab_blocks", _params_spy(seen, niah.select_cab_blocks))
     out = tmp_path / "topk"
     argv = ["niah", "--model", str(saved), "--lengths", "96", "--depths", "0.5", "--samples", "1"]
     argv += ["--policies", "magnitude", "--sparsities", "0.5", "--budget", "topk", "--topk", "2", "--score", "mean"]

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_icl.data.stories import story_tokens
+from hf_icl.evaluation.repetition import story_tokens
 from hf_icl.evaluation.story_judge import CRITERIA
 from hf_icl.reproduce import gd_icl_stories as module
 from hf_icl.reproduce.gd_icl_stories import (

@@ -43,21 +43,40 @@ def test_bench_cab_smoke_runs_every_section(tmp_path):
 
 
 def test_flex_block_mask_is_the_same_selection():
-    """FlexAttention with the benchmark's BlockMask equals dense attention masked to the CAB blocks."""
+    """FlexAttention with the benchmark's BlockMask runs what the benchmark's block-granular kernel runs: the tile
+    unions of CAB's per-token selection (a query block visits every key block any of its tokens kept). Checked
+    against dense attention masked token by token with a mask built here, in plain loops, from the per-token
+    selection; the block mask lists exactly the union's blocks."""
     import torch
     from torch.nn.attention.flex_attention import flex_attention
 
     from hf_icl.attention.cab import CABParams, select_cab_blocks
-    from hf_icl.kernels.block_sparse_reference import dense_masked_attention
+    from hf_icl.benchmarks.cab import tile_unions
 
+    n, size = 96, 16
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 2, 80, 32, generator=g) for _ in range(3))
-    keep = select_cab_blocks(q, k, CABParams(sparsity=0.6, block_size=16, policy="frc", min_seq_len=0), 0.2)
-    assert not keep.tril().all()  # a real sparse selection
-    block_mask = flex_block_mask(keep, 16, 80)
+    q, k, v = (torch.randn(1, 2, n, 32, generator=g) for _ in range(3))
+    params = CABParams(sparsity=0.5, block_size=size, policy="frc", min_seq_len=0)
+    token_keep = select_cab_blocks(q, k, params, 0.2)
+    assert token_keep.shape == (1, 2, n, n // size)  # one row per query token
+    rows = token_keep[0].tolist()
+    union_mask, token_mask = (torch.zeros(1, 2, n, n, dtype=torch.bool) for _ in range(2))
+    for h in range(2):
+        for t in range(n):
+            tile = range(t // size * size, t // size * size + size)  # the query block of t
+            for s in range(t + 1):
+                token_mask[0, h, t, s] = rows[h][t][s // size]
+                union_mask[0, h, t, s] = any(rows[h][u][s // size] for u in tile)
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    assert not torch.equal(union_mask[0, 0], causal)  # a real sparse selection
+    assert not torch.equal(union_mask, token_mask)  # ... whose tiles' tokens choose differently
+
+    block_keep = tile_unions(token_keep, size)  # (B, H, Mq, Mk): per query block
+    block_mask = flex_block_mask(block_keep, size, n)
+    assert torch.equal(block_mask.to_dense().bool(), block_keep)
     out = flex_attention(q, k, v, block_mask=block_mask, scale=0.2)
-    expected = dense_masked_attention(q, k, v, keep, block_size=16, scaling=0.2)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+    probs = torch.softmax((q @ k.transpose(-1, -2) * 0.2).masked_fill(~union_mask, float("-inf")), dim=-1)
+    torch.testing.assert_close(out, probs @ v, atol=1e-5, rtol=1e-5)
 
 
 def test_bench_samplers_reports_every_family(capsys):
@@ -82,10 +101,8 @@ def test_bench_lists_the_benchmarks_and_rejects_unknown_names(capsys):
     listing = capsys.readouterr().out
     assert all(f"  {name} " in listing for name in BENCHMARKS)
     assert main(["bench", "nope"]) == 2
-    assert (
-        "benchmark='nope' is unknown; allowed: ['cab', 'estimators', 'linear-attention', 'samplers', 'sgpt', 'startup']"
-        in capsys.readouterr().err
-    )
+    allowed = "['cab', 'estimators', 'linear-attention', 'samplers', 'seeds', 'sgpt', 'startup']"
+    assert f"benchmark='nope' is unknown; allowed: {allowed}" in capsys.readouterr().err
 
 
 def test_bench_scripts_are_the_cli_benchmarks(monkeypatch, capsys):

@@ -25,14 +25,13 @@ from hf_icl.data.stories import (
     STORY_ADJECTIVES,
     STORY_NOUNS,
     STORY_VERBS,
-    distinct_n,
     generate_template_stories,
     load_story_corpus,
     pack_stories,
-    repetition_rate,
     split_story_text,
     train_story_tokenizer,
 )
+from hf_icl.evaluation.repetition import distinct_n, repetition_rate
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 HAND_STORIES = [
@@ -434,3 +433,25 @@ def test_module_imports_without_datasets_at_import_time():
     source = Path(stories_module.__file__).read_text()
     top_level_imports = [line for line in source.splitlines() if line.startswith(("import ", "from "))]
     assert not any("datasets" in line or "transformers" in line for line in top_level_imports)
+
+
+@pytest.mark.parametrize("name", ["distinct_n", "repetition_rate", "story_tokens"])
+def test_repetition_metrics_keep_their_old_names_with_a_deprecation_warning(name):
+    import hf_icl.data
+    from hf_icl.evaluation import repetition
+
+    with pytest.warns(DeprecationWarning, match=f"{name} moved to hf_icl.evaluation.repetition"):
+        assert getattr(stories_module, name) is getattr(repetition, name)
+    if name != "story_tokens":  # hf_icl.data exported these two
+        with pytest.warns(DeprecationWarning, match="hf_icl.evaluation.repetition"):
+            assert getattr(hf_icl.data, name) is getattr(repetition, name)
+
+
+def test_docstring_examples_of_every_stories_module_run():
+    import doctest
+
+    from hf_icl.data.stories import corpus, grammar, tokenizer
+    from hf_icl.evaluation import repetition
+
+    for module in (grammar, corpus, tokenizer, repetition):
+        assert doctest.testmod(module, raise_on_error=True).attempted > 0, module.__name__

@@ -7,6 +7,7 @@ the first ``max(1, round(n * fraction))`` held out) over stories the tests gener
 from __future__ import annotations
 
 import doctest
+import inspect
 import json
 import pathlib
 import random
@@ -19,6 +20,8 @@ import pytest
 from hf_icl.data import builders
 from hf_icl.data import stories as stories_module
 from hf_icl.data.stories import END_OF_TEXT, StoryCorpus, generate_template_stories, load_story_corpus
+from hf_icl.data.stories import builder as builder_module
+from hf_icl.data.stories import corpus as corpus_module
 
 HAND_STORIES = [
     "Tom had a red ball. He loved it.",
@@ -153,6 +156,31 @@ def test_cache_is_keyed_by_config_file_contents_and_code(tmp_path):
     assert texts(corpus_before["train"]) != texts(corpus_after["train"])
 
 
+def test_cache_key_hashes_only_the_code_that_generates_corpora(monkeypatch):
+    # the modules hashed: the grammar, the readers and split, the builder; not the tokenizer, not the metrics
+    assert corpus_module.CORPUS_CODE_MODULES == (
+        "hf_icl.data.stories.grammar",
+        "hf_icl.data.stories.corpus",
+        "hf_icl.data.stories.builder",
+    )
+    from hf_icl.data.stories import grammar, tokenizer
+    from hf_icl.evaluation import repetition
+
+    key = corpus_module.builder_code_hash()
+    assert StoryCorpus(cache_dir="unused").hash == key  # what the builder hands datasets by default
+    getsource = inspect.getsource
+
+    def key_after_editing(module) -> str:
+        with monkeypatch.context() as patch:
+            patch.setattr(inspect, "getsource", lambda obj: getsource(obj) + ("\n# edited" if obj is module else ""))
+            return corpus_module.builder_code_hash()
+
+    assert key_after_editing(repetition) == key and key_after_editing(tokenizer) == key  # cached corpora stay valid
+    assert all(key_after_editing(module) != key for module in (grammar, corpus_module, builder_module))
+    monkeypatch.setattr(corpus_module, "CORPUS_FORMAT_VERSION", "2.0.0")
+    assert corpus_module.builder_code_hash() != key  # a new corpus format regenerates cached corpora too
+
+
 def test_a_prepared_corpus_is_reused_without_generating(tmp_path, monkeypatch):
     first = build(tmp_path, n_stories=10, seed=6)
 
@@ -230,7 +258,7 @@ def test_creating_a_builder_leaves_the_loaders_alone(tmp_path):
     # still take Path objects after a builder exists
     folder = write_story_files(tmp_path / "files")
     StoryCorpus(cache_dir=str(tmp_path / "cache"), data_files=str(folder / "eot.txt"))
-    assert stories_module.Path is pathlib.Path
+    assert corpus_module.Path is pathlib.Path and builder_module.Path is pathlib.Path  # the modules that use Path
     corpus = load_story_corpus(folder / "eot.txt", validation_fraction=0.3)
     assert sorted(texts(corpus["train"]) + texts(corpus["validation"])) == sorted(HAND_STORIES[:3])
     assert "story_corpus" in StoryCorpus(cache_dir=str(tmp_path / "cache")).cache_dir

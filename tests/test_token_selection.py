@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
+from hf_icl.kernels.token_selection.topk import top_among
 
 BS = 16
 
@@ -76,26 +77,54 @@ def _select(q, k, valid=None, **rule):
 def test_selection_equals_the_rule_written_out_per_token(score, policy, budget, local):
     q, k = _qk(100, 100)
     kind = "row" if "sparsity" in budget else "topk"
-    keep = _select(q, k, policy=policy, score=score, budget=kind, local_blocks=local, **budget)
+    token_keep = _select(q, k, policy=policy, score=score, budget=kind, local_blocks=local, **budget)
     expected = _loop_selection(q, k, policy=policy, score=score, local=local, **budget)
-    assert torch.equal(keep, expected)
+    assert torch.equal(token_keep, expected)
 
 
 def test_decode_queries_padding_and_dense_prefix_follow_the_same_rule():
     q, k = _qk(1, 90, seed=1)  # one decode query at position 89
-    keep = _select(q, k, policy="magnitude", score="bound", sparsity=0.5)
-    assert torch.equal(keep, _loop_selection(q, k, policy="magnitude", score="bound", sparsity=0.5))
+    token_keep = _select(q, k, policy="magnitude", score="bound", sparsity=0.5)
+    assert torch.equal(token_keep, _loop_selection(q, k, policy="magnitude", score="bound", sparsity=0.5))
     valid = torch.ones(90, dtype=torch.bool)
     valid[:11] = False  # left padding: blocks start at the first real token
     q, k = _qk(90, 90, seed=2)
-    keep = _select(q, k, valid, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40)
+    token_keep = _select(q, k, valid, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40)
     expected = _loop_selection(q, k, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40, valid=valid)
-    assert torch.equal(keep, expected)
+    assert torch.equal(token_keep, expected)
 
 
 def test_achieved_sparsity_counts_visible_blocks_of_real_queries():
     q, k = _qk(64, 64)
-    keep = _select(q, k, policy="streaming", score="mean", budget="topk", topk=1, sink_blocks=0)[None, None]
+    token_keep = _select(q, k, policy="streaming", score="mean", budget="topk", topk=1, sink_blocks=0)[None, None]
     # each token keeps only its own block; token t sees t // 16 + 1 blocks
     visible = sum(t // BS + 1 for t in range(64))
-    assert float(achieved_sparsity(keep, BS, 64)) == pytest.approx(1 - 64 / visible)
+    assert float(achieved_sparsity(token_keep, BS, 64)) == pytest.approx(1 - 64 / visible)
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("bounded", [False, True])
+def test_top_among_matches_a_sorted_loop_with_ties_nan_inf_and_signed_zeros(seed, bounded):
+    """The top-k pass (one topk of max_count + 1, the threshold fallback for ties across the boundary) selects what
+    sorting (rank desc, index asc) per row selects; rows with and without boundary ties both occur here."""
+    g = torch.Generator().manual_seed(seed)
+    rows, n = 7, 23
+    # few distinct values → many ties; then NaN, ±inf and -0.0 sprinkled in
+    rank = torch.randint(-3, 4, (rows, n), generator=g).float()
+    specials = torch.tensor([float("nan"), float("inf"), float("-inf"), -0.0, 0.0])
+    where = torch.rand(rows, n, generator=g) < 0.25
+    rank[where] = specials[torch.randint(0, 5, (int(where.sum()),), generator=g)]
+    candidate = torch.rand(rows, n, generator=g) < 0.7
+    count = torch.randint(0, n + 1, (rows,), generator=g)
+    chosen = top_among(rank, candidate, count, int(count.max()) if bounded else None)
+
+    lowest = torch.finfo(torch.float32).min
+
+    def order_key(r, j):  # NaN and -inf candidates are the lowest floats; -0.0 equals 0.0
+        value = rank[r, j].item()
+        value = lowest if math.isnan(value) or value == float("-inf") else value
+        return (-value, j)
+
+    for r in range(rows):
+        best = sorted((j for j in range(n) if candidate[r, j]), key=lambda j, r=r: order_key(r, j))[: count[r]]
+        assert chosen[r].nonzero().flatten().tolist() == sorted(best), (r, rank[r], candidate[r], count[r])

@@ -1,7 +1,12 @@
 """Attention implementations that plug into transformers models: CAB block-sparse attention.
 
 Importing this package registers ``"cab"`` with ``transformers.AttentionInterface`` and
-``AttentionMaskInterface``; :func:`enable_cab` switches a model to it.
+``AttentionMaskInterface``; :func:`enable_cab` switches a model to it. :func:`observe_cab_selection` lets an
+evaluation see the selection every CAB call computed.
+
+CAB's per-block selection policies (``select_blocks``, ``SELECTION_POLICIES``, ``block_scores``,
+``causal_block_mask``, ``true_block_mass``, ``reference_cab_v3_selection``) were retired: CAB selects per query
+token (:mod:`hf_icl.kernels.token_selection`); asking for one of those names says what replaces it.
 """
 
 from ..kernels.block_sparse_reference import (
@@ -12,7 +17,17 @@ from ..kernels.block_sparse_reference import (
 )
 from ..kernels.token_selection.rule import SCORES, achieved_sparsity, select_token_blocks
 from ..kernels.token_sparse import token_sparse_attention
-from .cab import BUDGETS, POLICIES, CABParams, cab_attention_forward, enable_cab, register_cab, select_cab_blocks
+from .cab import (
+    BUDGETS,
+    POLICIES,
+    CABParams,
+    CABSelection,
+    cab_attention_forward,
+    enable_cab,
+    observe_cab_selection,
+    register_cab,
+    select_cab_blocks,
+)
 from .cab_cache import (
     CABCache,
     CABCacheLayer,
@@ -22,14 +37,14 @@ from .cab_cache import (
     select_blocks_from_summaries,
     use_cab_cache,
 )
-from .selection import (
-    SELECTION_POLICIES,
-    attention_preservation,
-    block_scores,
-    causal_block_mask,
-    reference_cab_v3_selection,
-    select_blocks,
-    true_block_mass,
-)
+from .preservation import attention_preservation
+from .selection import RETIRED as _RETIRED
+from .selection import retired_attribute as _retired_attribute
 
 register_cab()
+
+
+def __getattr__(name: str):
+    if name in _RETIRED:
+        raise _retired_attribute(__name__, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -17,6 +17,10 @@ Each call is routed once, by :func:`cab_route`, from (device, policy, padding, d
   chunked prefill), selection and execution range by range. The route's ``reason`` says what kept the kernels out;
   ``cab_backend="triton"`` raises it as a ``ValueError``.
 
+Evaluations that need the selection (achieved sparsity, the NIAH preservation score) observe it: inside
+:func:`observe_cab_selection`, every call hands its callback a :class:`CABSelection` with the per-token selection
+it attended over, so nothing selects a second time.
+
     >>> import hf_icl                                   # registers "cab"
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> model = GPT2LMHeadModel(GPT2Config(n_layer=2, n_embd=64, n_head=2))
@@ -27,6 +31,8 @@ Each call is routed once, by :func:`cab_route`, from (device, policy, padding, d
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 
 import torch
@@ -60,9 +66,9 @@ from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's
     NAME,
     POLICIES,
     CABParams,
-    _unknown_message,
     cab_params_of,
     config_field,
+    unknown_name_message,
 )
 
 ROUTES = ("dense", "torch", "triton_prefill", "triton_decode")
@@ -160,11 +166,13 @@ def cab_attention_forward(
         padded=key_valid is not None,
         dropout=dropout,
     )
+    record = bool(_OBSERVERS)  # the selection is assembled whole only while someone observes it
+    token_keep = None
     if route.name == "dense":
         heads = query.shape[1]
         out = _dense_causal(query, expand_kv(key, heads), expand_kv(value, heads), mask, scaling, q_offset, dropout)
     elif route.name == "torch":
-        out = _torch_route(query, key, value, params, scaling, key_valid, dropout)
+        out, token_keep = _torch_route(query, key, value, params, scaling, key_valid, dropout, record)
     elif route.name == "triton_decode":
         indices, counts = _kernel_selection(query, key, params, scaling)
         out = token_sparse_decode(
@@ -178,27 +186,111 @@ def cab_attention_forward(
             q_offset=q_offset,
             group_heads=params.policy in _HEAD_INDEPENDENT,
         )
+        if record:
+            token_keep = _listed_to_token_keep(indices, counts, -(-n_k // params.block_size))
     else:
-        out = _triton_prefill(query, key, value, params, scaling, key_valid if route.compact else None)
+        compact = key_valid if route.compact else None
+        out, token_keep = _triton_prefill(query, key, value, params, scaling, compact, record)
+    if record:
+        call = CABSelection(module, query, key, attention_mask, params, scaling, route.name, token_keep)
+        for callback in tuple(_OBSERVERS):
+            callback(call)
     return out.transpose(1, 2).contiguous(), None
+
+
+# -- observers: who sees the selection CAB computed ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CABSelection:
+    """One CAB attention call as an :func:`observe_cab_selection` callback sees it, after the call ran.
+
+    ``query (B, H, Nq, D)`` and ``key (B, Hk, Nk, D)`` as the call got them (queries are the last ``Nq`` positions),
+    ``attention_mask`` as transformers passed it, the call's :class:`CABParams`, ``scaling`` and ``route`` (one of
+    :data:`ROUTES`), and ``token_keep``: the per-token selection the call attended over, ``(B, H, Nq, Mk)`` bool
+    (query token ``t`` attends key block ``j``; blocks laid over real tokens), or None on the ``dense`` route (every
+    visible block kept).
+    """
+
+    module: torch.nn.Module
+    query: torch.Tensor
+    key: torch.Tensor
+    attention_mask: torch.Tensor | None
+    params: CABParams
+    scaling: float
+    route: str
+    token_keep: torch.Tensor | None
+
+    @property
+    def is_prefill(self) -> bool:
+        """A prompt's first forward: every position at once (``1 < Nq == Nk``)."""
+        return 1 < self.query.shape[2] == self.key.shape[2]
+
+
+#: the callbacks of the active observe_cab_selection blocks, in the order they were entered
+_OBSERVERS: list[Callable[[CABSelection], None]] = []
+
+
+@contextmanager
+def observe_cab_selection(callback: Callable[[CABSelection], None]) -> Iterator[Callable[[CABSelection], None]]:
+    """While active, every CAB attention call (every layer, prefill and decode) calls ``callback`` with a
+    :class:`CABSelection`: the selection the call itself computed and attended over, so an evaluation can score or
+    count it without selecting again. Without an observer the call never holds its whole selection (it selects
+    range by range, or as block lists); with one, it is assembled (``B·H·Nq·Mk`` bools per call).
+
+    >>> counts = []
+    >>> with observe_cab_selection(lambda call: counts.append(call.route)):
+    ...     pass                                            # run a CAB model here
+    """
+    if not callable(callback):
+        raise ValueError(f"callback must be callable (it gets a CABSelection), got {type(callback).__name__}")
+    _OBSERVERS.append(callback)
+    try:
+        yield callback
+    finally:
+        for i in range(len(_OBSERVERS) - 1, -1, -1):  # this block's own entry, even if the callback is entered twice
+            if _OBSERVERS[i] is callback:
+                del _OBSERVERS[i]
+                break
+
+
+def _listed_to_token_keep(indices: torch.Tensor, counts: torch.Tensor, n_blocks: int) -> torch.Tensor:
+    """Block lists ``indices (B, H, Nq, W)`` with ``counts (B, H, Nq)`` → the bool selection ``(B, H, Nq, Mk)``
+    (unused slots repeat a kept id, so they are counted, not written)."""
+    valid = torch.arange(indices.shape[-1], device=indices.device) < counts.unsqueeze(-1)
+    hits = torch.zeros(*indices.shape[:-1], n_blocks, dtype=torch.int32, device=indices.device)
+    return hits.scatter_add_(-1, indices.long(), valid.int()) > 0
 
 
 #: policies whose selection does not depend on the query head
 _HEAD_INDEPENDENT = ("dense", "streaming")
 
 
-def _torch_route(query, key, value, params: CABParams, scaling, key_valid, dropout) -> torch.Tensor:
+def _torch_route(
+    query, key, value, params: CABParams, scaling, key_valid, dropout, record: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Selection and execution range by range on the PyTorch path (decode and chunked prefill on a CABCache select
-    from its cached block summaries)."""
-    keep = cached_block_selection(query, key, params, scaling, key_valid)
-    if keep is not None:
-        select = lambda start, stop: keep[:, :, start:stop]  # noqa: E731
+    from its cached block summaries). Returns the output and, with ``record``, the whole per-token selection."""
+    token_keep = cached_block_selection(query, key, params, scaling, key_valid)
+    pieces = []
+    if token_keep is not None:
+        select = lambda start, stop: token_keep[:, :, start:stop]  # noqa: E731
     else:
         rule = params.selection_rule()
-        select = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
-    return attend_selected(
+        selector = token_block_selector(query, key, scaling=scaling, score=params.score, key_valid=key_valid, **rule)
+
+        def select(start: int, stop: int) -> torch.Tensor:
+            piece = selector(start, stop)
+            if record:
+                pieces.append(piece)
+            return piece
+
+    out = attend_selected(
         query, key, value, select, block_size=params.block_size, scaling=scaling, key_valid=key_valid, dropout=dropout
     )
+    if record and token_keep is None:
+        token_keep = torch.cat(pieces, dim=2)
+    return out, token_keep if record else None
 
 
 def _kernel_selection(query, key, params: CABParams, scaling) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,11 +306,13 @@ def _kernel_selection(query, key, params: CABParams, scaling) -> tuple[torch.Ten
 _KERNEL_RANGE_BYTES = 1 << 30
 
 
-def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) -> torch.Tensor:
+def _triton_prefill(
+    query, key, value, params: CABParams, scaling, key_valid, record: bool = False
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """The key-block-major kernels, query range by query range (each range's partial results and selection are
     bounded by ``_KERNEL_RANGE_BYTES``; the key summaries are computed once). A padded prefill runs on its real
     tokens moved to the front of each row (the selection on them is each row's own, since blocks are laid over real
-    tokens), then is moved back."""
+    tokens), then is moved back. Returns the output and, with ``record``, the whole per-token selection."""
     n_q, n_k = query.shape[2], key.shape[2]
     q_offset = n_k - n_q
     lengths = None
@@ -229,13 +323,16 @@ def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) ->
     select = None
     if cached is None:
         select = fused_block_selector(key, scaling=scaling, score=params.score, **params.selection_rule())
-    pieces = []
+    pieces, selections = [], []
+    n_blocks = -(-n_k // params.block_size)
     for start, stop in query_ranges(n_q, _kernel_range_length(query, n_k, params)):
         end = q_offset + stop  # keys up to the range's last query
         if cached is not None:
             indices, counts = (x[:, :, start:stop] for x in cached)
         else:
             indices, counts = select(query[:, :, start:stop], end)
+        if record:
+            selections.append(_listed_to_token_keep(indices, counts, n_blocks))
         pieces.append(
             token_sparse_attention_triton(
                 query[:, :, start:stop],
@@ -251,10 +348,14 @@ def _triton_prefill(query, key, value, params: CABParams, scaling, key_valid) ->
             )
         )
     out = pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+    token_keep = torch.cat(selections, dim=2) if record else None
     if key_valid is None:
-        return out
+        return out, token_keep
     real_index = (key_valid.long().cumsum(-1) - 1).clamp_min(0)  # where each position's token went
-    return _gather_tokens(out, real_index).masked_fill(~key_valid[:, None, :, None], 0.0)
+    padding = ~key_valid[:, None, :, None]
+    if token_keep is not None:  # back to each position; a padded query attends nothing
+        token_keep = _gather_tokens(token_keep, real_index).masked_fill(padding, False)
+    return _gather_tokens(out, real_index).masked_fill(padding, 0.0), token_keep
 
 
 def _kernel_range_length(query: torch.Tensor, n_k: int, params: CABParams) -> int:
@@ -430,7 +531,7 @@ def enable_cab(model, **hyperparameters):
     allowed = list(CABParams.__dataclass_fields__)
     unknown = [name for name in hyperparameters if name not in allowed]
     if unknown:
-        raise ValueError(_unknown_message("enable_cab got an unknown keyword", unknown, allowed))
+        raise ValueError(unknown_name_message("enable_cab got an unknown keyword", unknown, allowed))
     current = asdict(CABParams.from_config(model.config))
     if "budget" not in hyperparameters:  # a sparsity alone means the row budget, a block count alone top-k
         given = [name for name in ("sparsity", "topk") if name in hyperparameters]

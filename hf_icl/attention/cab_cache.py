@@ -56,13 +56,8 @@ from transformers import DynamicCache, PretrainedConfig
 from transformers.cache_utils import DynamicLayer
 
 from ..kernels.token_selection.fused import fused_selection_unsupported, select_token_blocks_triton
-from ..kernels.token_selection.rule import (
-    _FRC_POLICIES,
-    _hop_matrix,
-    apply_selection_rule,
-    key_block_summaries,
-    token_block_scores,
-)
+from ..kernels.token_selection.policies import FRC_POLICIES
+from ..kernels.token_selection.rule import apply_selection_rule, frc_hop_matrix, key_block_summaries, token_block_scores
 from .cab_params import NAME, CABParams
 
 __all__ = [
@@ -83,16 +78,16 @@ _BOUND: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
 def summary_kinds(params) -> tuple[str, ...]:
     """The :func:`~hf_icl.kernels.token_selection.rule.key_block_summaries` kinds CAB's selection under ``params`` (a
-    :class:`~.cab.CABParams`) reads: the score's, plus ``"mean"`` for the FRC policies' hop; none for the
+    :class:`~.cab_params.CABParams`) reads: the score's, plus ``"mean"`` for the FRC policies' hop; none for the
     policies that read no keys (``dense``, ``streaming``) or all of them (``oracle``).
 
-    >>> from hf_icl.attention.cab import CABParams
+    >>> from hf_icl.attention.cab_params import CABParams
     >>> summary_kinds(CABParams(policy="hybrid", score="bound"))
     ('bound', 'mean')
     """
     if params.policy in ("dense", "streaming", "oracle"):
         return ()
-    if params.policy in _FRC_POLICIES and params.score != "mean":
+    if params.policy in FRC_POLICIES and params.score != "mean":
         return (params.score, "mean")
     return (params.score,)
 
@@ -196,13 +191,13 @@ class KeyBlockSummaries:
         return tuple(buffer[:, :, :n_blocks] for buffer in self._buffers[kind])
 
     def hop_matrix(self, score: str, n_blocks: int, scaling: float) -> torch.Tensor:
-        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~hf_icl.kernels.token_selection.rule._hop_matrix` (per KV
+        """The FRC hop matrix ``(B, Hk, Mk, Mk)`` of :func:`~hf_icl.kernels.token_selection.rule.frc_hop_matrix` (per KV
         head), reused while the block count stays the same."""
         key = (score, n_blocks, self.n_blocks, float(scaling))
         if self._hop is None or self._hop[0] != key:
             summaries = self.for_scoring(score, n_blocks)
             means = self.for_scoring("mean", n_blocks)[0]
-            self._hop = (key, _hop_matrix(summaries, means, scaling, summaries[0].shape[1]))
+            self._hop = (key, frc_hop_matrix(summaries, means, scaling, summaries[0].shape[1]))
         return self._hop[1]
 
 
@@ -412,7 +407,7 @@ def cached_block_indices(
     kinds = summary_kinds(params)
     summaries = state.for_scoring(params.score, n_blocks) if kinds else None
     hop = None
-    if params.policy in _FRC_POLICIES:
+    if params.policy in FRC_POLICIES:
         hop = state.hop_matrix(params.score, n_blocks, scaling)  # per KV head
     _, indices, counts = select_token_blocks_triton(
         query, summaries, n_keys=n_k, scaling=scaling, hop=hop, return_indices=True, **params.selection_rule()
@@ -425,14 +420,14 @@ def select_blocks_from_summaries(
 ) -> torch.Tensor:
     """The rule of :mod:`hf_icl.kernels.token_selection.rule` for unpadded queries that are the last ``Nq`` of
     ``n_k`` positions, scored against cached block summaries instead of the keys: ``(B, H, Nq, Mk)`` bool.
-    ``params`` is a :class:`~.cab.CABParams` (any policy but ``oracle``).
+    ``params`` is a :class:`~.cab_params.CABParams` (any policy but ``oracle``).
 
-    >>> from hf_icl.attention.cab import CABParams
+    >>> from hf_icl.attention.cab_params import CABParams
     >>> state = KeyBlockSummaries(16, ("mean",))
     >>> state.extend(torch.randn(1, 1, 100, 8))
-    >>> keep = select_blocks_from_summaries(torch.randn(1, 2, 1, 8), 100, state, CABParams(block_size=16,
-    ...                                     sparsity=0.5, min_seq_len=0), scaling=0.35)
-    >>> keep.shape, int(keep.sum(-1).max())                  # 7 visible blocks, half of them kept
+    >>> token_keep = select_blocks_from_summaries(torch.randn(1, 2, 1, 8), 100, state, CABParams(block_size=16,
+    ...                                           sparsity=0.5, min_seq_len=0), scaling=0.35)
+    >>> token_keep.shape, int(token_keep.sum(-1).max())                  # 7 visible blocks, half of them kept
     (torch.Size([1, 2, 1, 7]), 4)
     """
     batch, heads, n_q, _ = query.shape

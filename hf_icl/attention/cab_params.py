@@ -26,6 +26,7 @@ __all__ = [
     "POLICIES",
     "cab_params_of",
     "config_field",
+    "unknown_name_message",
 ]
 
 NAME = "cab"
@@ -35,10 +36,7 @@ DECODE_MODES = ("sparse", "dense")
 #: values that earlier releases accepted and that cannot be causal, with why
 _NOT_CAUSAL = {
     ("cab_budget", "global"): "one top-k over all rows lets later tokens change earlier tokens' blocks",
-    ("cab_policy", "reference"): (
-        "the document's selection scores future blocks; it is kept for analysis as "
-        "hf_icl.attention.reference_cab_v3_selection"
-    ),
+    ("cab_policy", "reference"): "the document's selection scores future blocks (it was retired)",
 }
 
 
@@ -130,7 +128,9 @@ class CABParams:
         defaults = cls.__dataclass_fields__
         stray = [key for key in getattr(config, "__dict__", {}) if key.startswith("cab_") and key not in _CONFIG_FIELDS]
         if stray:
-            raise ValueError(_unknown_message("model.config has an unknown CAB field", stray, sorted(_CONFIG_FIELDS)))
+            raise ValueError(
+                unknown_name_message("model.config has an unknown CAB field", stray, sorted(_CONFIG_FIELDS))
+            )
         return cls(**{name: getattr(config, config_field(name), defaults[name].default) for name in defaults})
 
     def to_config_fields(self) -> dict:
@@ -145,7 +145,7 @@ def config_field(name: str) -> str:
 _CONFIG_FIELDS = frozenset(config_field(name) for name in CABParams.__dataclass_fields__)
 
 
-def _unknown_message(what: str, unknown: list[str], allowed: list[str]) -> str:
+def unknown_name_message(what: str, unknown: list[str], allowed: list[str]) -> str:
     """``{what} 'x'; did you mean 'y'?`` for each unknown name, then the allowed names."""
     parts = []
     for name in unknown:

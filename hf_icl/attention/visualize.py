@@ -18,7 +18,7 @@ import torch
 
 from ..kernels.block_sparse_reference import token_keep_mask
 from .cab import CABParams, select_cab_blocks
-from .selection import attention_preservation
+from .preservation import attention_preservation
 
 __all__ = ["cab_attention_maps", "plot_attention_comparison", "plot_block_selection"]
 
@@ -102,7 +102,7 @@ def plot_attention_comparison(
 
 def plot_block_selection(
     block_scores: torch.Tensor,
-    keep: torch.Tensor,
+    block_keep: torch.Tensor,
     path: str | Path,
     *,
     frc: torch.Tensor | None = None,
@@ -112,15 +112,16 @@ def plot_block_selection(
 
     Args:
         block_scores: ``(M, M)`` block logits of one head; ``-inf`` (future blocks) is drawn blank.
-        keep: ``(M, M)`` bool selection.
-        frc: optional ``(M, M)`` FRC scores (e.g. :func:`~hf_icl.attention.selection.frc_scores`).
+        block_keep: ``(M, M)`` bool selection per query block (e.g. the union of a per-token selection over each
+            query block's tokens).
+        frc: optional ``(M, M)`` FRC scores.
     """
     scores = _square("block_scores", block_scores).float()
-    mask = _square("keep", keep)
+    mask = _square("block_keep", block_keep)
     if mask.dtype != torch.bool:
-        raise ValueError(f"keep must be a bool tensor, got dtype {mask.dtype}")
+        raise ValueError(f"block_keep must be a bool tensor, got dtype {mask.dtype}")
     if mask.shape != scores.shape:
-        raise ValueError(f"keep shape {tuple(mask.shape)} != block_scores shape {tuple(scores.shape)}")
+        raise ValueError(f"block_keep shape {tuple(mask.shape)} != block_scores shape {tuple(scores.shape)}")
     panels = [("block scores", torch.where(torch.isfinite(scores), scores, float("nan")), "magma")]
     if frc is not None:
         frc = _square("frc", frc).float()
@@ -155,7 +156,7 @@ def cab_attention_maps(
     From ``query``/``key`` of shape ``(N, D)`` or ``(1, 1, N, D)`` (prefill, keys from position 0) it computes
     the causal full attention, CAB's per-token selection (:func:`~hf_icl.attention.cab.select_cab_blocks`), the
     token-level keep mask (selected blocks and causal), and the preserved attention mass
-    (:func:`~hf_icl.attention.selection.attention_preservation`), which goes into both titles. The block figure
+    (:func:`~hf_icl.attention.preservation.attention_preservation`), which goes into both titles. The block figure
     shows, per (query block, key block), the share of the query block's tokens that selected the key block.
 
     ``path``: ``stem.png`` or ``stem``; the two files are written next to it. Returns their paths.

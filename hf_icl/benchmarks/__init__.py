@@ -11,6 +11,7 @@ BENCHMARKS = {
     "estimators": "LeastSquares against the per-prefix lstsq loop, then every estimator's time per prompt",
     "linear-attention": "causal linear attention against SDPA: layer fwd+bwd time and memory vs T, decode per token",
     "samplers": "prompts per second of every task family's sampler",
+    "seeds": "N seeds of a tiny model trained at once (hf-icl train --seeds N) against N separate runs",
     "sgpt": "SGPT against GPT-2 ICL: train step (same width and depth), one-pass vs per-prefix all-prefix forward",
     "startup": "what `import hf_icl` adds to importing torch + transformers.modeling_utils; `hf-icl --help` time",
 }

@@ -13,12 +13,10 @@ from .inputs import (
     UniformInputs,
     make_inputs,
 )
-from .stories import (  # stories.py imports datasets / tokenizers only inside the functions that need them
-    distinct_n,
+from .stories import (  # the stories package imports datasets / tokenizers only where they are needed
     generate_template_stories,
     load_story_corpus,
     pack_stories,
-    repetition_rate,
     train_story_tokenizer,
 )
 from .tasks import (
@@ -39,3 +37,12 @@ from .tasks import (
     iterate_prompts,
     make_task,
 )
+
+
+def __getattr__(name: str):
+    # distinct_n and repetition_rate moved to hf_icl.evaluation.repetition; the stories package warns and serves them
+    if name in ("distinct_n", "repetition_rate"):
+        from . import stories
+
+        return getattr(stories, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

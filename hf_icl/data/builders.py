@@ -33,8 +33,8 @@ from . import tasks as _tasks_module
 from .niah import NeedleInAHaystack as NeedleInAHaystack  # re-exported: the passkey builder lives in niah.py
 from .niah import NeedleInAHaystackConfig as NeedleInAHaystackConfig
 from .saved_prompts import FAMILY_MARKER
-from .stories import StoryCorpus as StoryCorpus  # re-exported: the story-corpus builder lives in stories.py
-from .stories import StoryCorpusConfig as StoryCorpusConfig
+from .stories.builder import StoryCorpus as StoryCorpus  # re-exported: the story-corpus builder lives in stories/
+from .stories.builder import StoryCorpusConfig as StoryCorpusConfig
 from .tasks import TASK_REGISTRY, TaskFamily, iterate_prompts, make_task
 
 SPLITS = ("train", "validation", "test")

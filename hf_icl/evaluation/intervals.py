@@ -34,7 +34,7 @@ from ..validation import check_float, check_int
 __all__ = ["intervals_separated", "t_interval", "wilson_interval"]
 
 
-def _check_confidence(confidence: float) -> float:
+def check_confidence(confidence: float) -> float:
     confidence = check_float("confidence", _real(confidence))
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence must be in (0, 1), got {confidence}")
@@ -52,7 +52,7 @@ def wilson_interval(hits: int, n: int, confidence: float = 0.95) -> tuple[float,
     n = check_int("n", int(n) if _integral(n) else n, low=1)
     if hits > n:
         raise ValueError(f"hits must be at most n, got hits={hits}, n={n}")
-    z = NormalDist().inv_cdf(0.5 + _check_confidence(confidence) / 2)
+    z = NormalDist().inv_cdf(0.5 + check_confidence(confidence) / 2)
     p = hits / n
     scale = 1.0 + z * z / n
     centre = (p + z * z / (2 * n)) / scale
@@ -76,7 +76,7 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
     from scipy.stats import t  # scipy comes with scikit-learn
 
     values = [check_float(f"values[{i}]", _real(v)) for i, v in enumerate(values)]
-    confidence = _check_confidence(confidence)
+    confidence = check_confidence(confidence)
     m = len(values)
     if m < 2:
         return None

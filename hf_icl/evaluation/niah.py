@@ -14,10 +14,11 @@ For every method (dense ``"sdpa"`` once, then every CAB policy × sparsity) and 
   head, the dense attention mass that the last ``preservation_queries`` queries of the prompt (default: the
   question's tokens and what the chat template puts after them) put on the needle's tokens
   ``[needle_start, needle_end)``, and the share of it that the selection keeps
-  (:func:`~hf_icl.attention.selection.attention_preservation`), averaged over layers and heads. It is measured
-  on the model's own queries and keys during the teacher-forced CAB forward (a probe attention implementation
-  records them, then runs CAB unchanged) and needs ``O(rows × N)`` memory per head. Dense attention preserves
-  everything: 1.0;
+  (:func:`~hf_icl.attention.preservation.attention_preservation`), averaged over layers and heads. It is measured
+  on the model's own queries and keys and on the selection CAB itself computed during the teacher-forced forward
+  (:class:`~hf_icl.evaluation.cab_methods.PreservationProbe`, an observer of
+  :func:`~hf_icl.attention.cab.observe_cab_selection`: nothing selects twice) and needs ``O(rows × N)`` memory
+  per head. Dense attention preserves everything: 1.0;
 * ``achieved_sparsity``: the fraction of causal (query token, key block) pairs the selection dropped in that
   forward, over every query token, head and layer (a key block is causal for a query when it is not after the
   query's own block). Dense: 0.0.
@@ -41,7 +42,9 @@ Example::
                        samples_per_cell=5, methods=niah_methods(), results_file="niah/results.jsonl")
     write_niah_report(records, "niah")   # summary.csv, summary.md, heatmap_<label>.png, accuracy_vs_sparsity.png
 
-(:func:`~hf_icl.evaluation.niah_report.write_niah_report` and ``summarize_niah`` live in ``niah_report``.)
+(:func:`~hf_icl.evaluation.niah_report.write_niah_report` and ``summarize_niah`` live in ``niah_report``; the
+method grid, the switching between methods and the probes in :mod:`~hf_icl.evaluation.cab_methods`, re-exported
+here.)
 """
 
 from __future__ import annotations
@@ -49,19 +52,35 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from collections.abc import Iterable, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..attention.cab import POLICIES, CABParams, cab_attention_forward, enable_cab, runs_dense, select_cab_blocks
-from ..attention.selection import attention_preservation
-from ..kernels.block_sparse_attention import expand_kv
-from ..kernels.block_sparse_reference import token_keep_mask
-from ..validation import check_choice, check_float, check_int
+from ..attention.cab import CABParams
+from ..validation import check_int
+from .cab_methods import (  # noqa: F401  (re-exported: niah's public names from before cab_methods existed)
+    DEFAULT_POLICIES,
+    DEFAULT_SPARSITIES,
+    DENSE,
+    METHOD_NAMES,
+    PROBE,
+    SCORED_METHODS,
+    NIAHMethod,
+    PreservationProbe,
+    apply_method,
+    check_methods,
+    model_device,
+    needle_preservation,
+    niah_methods,
+    observing,
+    other_cab_fields,
+    probing,
+    restoring_attention,
+    use_probe,
+)
 
 __all__ = [
     "DEFAULT_POLICIES",
@@ -78,10 +97,6 @@ __all__ = [
     "run_niah",
 ]
 
-#: The dense reference method (PyTorch SDPA).
-DENSE = "sdpa"
-DEFAULT_POLICIES = ("frc", "frc_low", "magnitude", "hybrid", "streaming", "oracle")
-DEFAULT_SPARSITIES = (0.5, 0.75, 0.9, 0.95)
 #: Every record's fields, in order.
 RECORD_FIELDS = (
     "method",
@@ -103,361 +118,10 @@ RECORD_FIELDS = (
     "variant",
     "value_kind",
 )
-#: The attention implementation that records queries and keys for the preservation score, then runs CAB.
-PROBE = "cab_probe"
 _HEADER = "niah_header"
 _FORMAT = 2  # 2: teacher-forced first, achieved_sparsity, chat template and GGUF file in the header
 #: Stands for the user message when the chat template is rendered; the text around it wraps every prompt.
 _SENTINEL = "HFICLUSERMESSAGESENTINEL"
-
-
-# -- methods -------------------------------------------------------------------------------------
-
-
-def _format_sparsity(sparsity: float) -> str:
-    return f"{sparsity:.2f}" if round(sparsity, 2) == sparsity else f"{sparsity:g}"
-
-
-#: method names that are a policy with a block score of their own: (policy, score)
-SCORED_METHODS = {"quest": ("magnitude", "bound"), "max_l2": ("magnitude", "max_l2")}
-#: every method name: dense, CAB's policies, and the scored aliases
-METHOD_NAMES = (DENSE, *POLICIES, *SCORED_METHODS)
-
-
-@dataclass(frozen=True)
-class NIAHMethod:
-    """An attention method to evaluate: dense ``"sdpa"``, or a CAB policy under a budget.
-
-    ``name``: ``"sdpa"``, a key of :data:`hf_icl.attention.cab.POLICIES` (ranked by the model's ``cab_score``,
-    ``"mean"`` by default), ``"quest"`` (magnitude ranking of Quest's min/max-key bound) or ``"max_l2"`` (magnitude
-    ranking of each block's largest-norm key, the CAB document's coarsening). The budget is either ``sparsity``
-    (the fraction of each token's visible blocks dropped, ``cab_budget="row"``) or ``kept_blocks`` (the number of
-    key blocks every query token attends, sink and local window included, ``cab_budget="topk"``: the anchors'
-    unit, e.g. 16 blocks of 64 = 1,024 tokens), never both; dense has neither.
-    """
-
-    name: str = DENSE
-    sparsity: float = 0.0
-    kept_blocks: int | None = None
-
-    def __post_init__(self):
-        check_choice("method", self.name, METHOD_NAMES)
-        sparsity = check_float("sparsity", self.sparsity, low=0.0)
-        if sparsity >= 1:
-            raise ValueError(f"sparsity must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}")
-        if self.kept_blocks is not None:
-            check_int("kept_blocks", self.kept_blocks, low=1)
-            if sparsity:
-                raise ValueError(
-                    f"give a method sparsity or kept_blocks, not both; got sparsity={sparsity}, "
-                    f"kept_blocks={self.kept_blocks}"
-                )
-        if self.name == DENSE and (sparsity != 0 or self.kept_blocks is not None):
-            raise ValueError(
-                f"method {DENSE!r} is dense attention: its sparsity must be 0 and kept_blocks None, got "
-                f"sparsity={sparsity}, kept_blocks={self.kept_blocks}"
-            )
-        object.__setattr__(self, "sparsity", sparsity)
-
-    @property
-    def is_dense(self) -> bool:
-        return self.name == DENSE
-
-    @property
-    def policy(self) -> str:
-        """The CAB policy (``"sdpa"`` for the dense method; ``"magnitude"`` for ``quest`` and ``max_l2``)."""
-        return SCORED_METHODS.get(self.name, (self.name,))[0]
-
-    @property
-    def score(self) -> str | None:
-        """The block score this method insists on, or None (the model's ``cab_score``)."""
-        return SCORED_METHODS[self.name][1] if self.name in SCORED_METHODS else None
-
-    @property
-    def budget(self) -> str | None:
-        """``"topk"`` for a method with ``kept_blocks``; None otherwise (the run's budget, ``"row"`` by default)."""
-        return None if self.kept_blocks is None else "topk"
-
-    @property
-    def label(self) -> str:
-        """The method's key in records: ``"sdpa"``, ``"cab-<name>@<sparsity>"`` (``"cab-frc@0.90"``) or
-        ``"cab-<name>@<kept_blocks>blocks"`` (``"cab-quest@16blocks"``)."""
-        if self.is_dense:
-            return DENSE
-        budget = f"{self.kept_blocks}blocks" if self.kept_blocks is not None else _format_sparsity(self.sparsity)
-        return f"cab-{self.name}@{budget}"
-
-    def record_fields(self) -> dict[str, Any]:
-        """What a result record says about the method: label, policy, score, sparsity (None under a block budget)
-        and kept blocks."""
-        return {
-            "method": self.label,
-            "policy": self.policy,
-            "score": self.score,
-            "sparsity": None if self.kept_blocks is not None else self.sparsity,
-            "kept_blocks": self.kept_blocks,
-        }
-
-
-def _check_methods(methods) -> list[NIAHMethod]:
-    """``methods`` as a list: non-empty, every item a :class:`NIAHMethod`, no label twice."""
-    methods = list(methods)
-    if not methods:
-        raise ValueError("methods must be a non-empty list of NIAHMethod, got []")
-    for i, method in enumerate(methods):
-        if not isinstance(method, NIAHMethod):
-            raise ValueError(f"methods[{i}] must be a NIAHMethod (see niah_methods), got {method!r}")
-    labels = [method.label for method in methods]
-    if len(set(labels)) != len(labels):
-        raise ValueError(f"methods must not repeat, got {labels}")
-    return methods
-
-
-def niah_methods(
-    policies: Iterable[str] = DEFAULT_POLICIES,
-    sparsities: Iterable[float] = DEFAULT_SPARSITIES,
-    kept_blocks: Iterable[int] = (),
-) -> list[NIAHMethod]:
-    """Dense ``"sdpa"`` once, then every CAB method name (a policy, ``"quest"`` or ``"max_l2"``) at every sparsity
-    and every ``kept_blocks`` budget (name by name)."""
-    policies, sparsities, kept_blocks = list(policies), list(sparsities), list(kept_blocks)
-    for i, policy in enumerate(policies):
-        check_choice(f"policies[{i}]", policy, METHOD_NAMES[1:])
-    for i, sparsity in enumerate(sparsities):
-        if check_float(f"sparsities[{i}]", sparsity, low=0.0) >= 1:
-            raise ValueError(
-                f"sparsities[{i}] must be in [0, 1) (the fraction of causal blocks dropped), got {sparsity}"
-            )
-    for i, kept in enumerate(kept_blocks):
-        check_int(f"kept_blocks[{i}]", kept, low=1)
-    if policies and not (sparsities or kept_blocks):
-        raise ValueError(
-            f"sparsities or kept_blocks must not both be empty when policies are given, got policies={policies}"
-        )
-    for name, values in (("policies", policies), ("sparsities", sparsities), ("kept_blocks", kept_blocks)):
-        if len(set(values)) != len(values):
-            raise ValueError(f"{name} must not repeat values, got {values}")
-    cab = [
-        method
-        for policy in policies
-        for method in (
-            *(NIAHMethod(policy, float(s)) for s in sparsities),
-            *(NIAHMethod(policy, kept_blocks=int(k)) for k in kept_blocks),
-        )
-    ]
-    return [NIAHMethod(), *cab]
-
-
-# -- attention preservation ----------------------------------------------------------------------
-
-
-def needle_preservation(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    needle_start: int,
-    needle_end: int,
-    last_rows: int,
-) -> torch.Tensor:
-    """Share of the dense attention on the needle that a per-token selection keeps, for the last queries.
-
-    ``query (B, H, Nq, D)`` at absolute positions ``Nk - Nq …``, ``key (B, H or KV heads, Nk, D)``, ``keep``
-    the per-token selection CAB attends over, ``(B, H, Nq, Mk)``
-    (:func:`~hf_icl.attention.cab.select_cab_blocks`). The dense causal probabilities of the last ``last_rows``
-    queries are computed here, ``O(last_rows × Nk)`` per head, and scored with
-    :func:`~hf_icl.attention.selection.attention_preservation` over the keys ``[needle_start, needle_end)``.
-    Returns ``(B, H)`` float32 in ``[0, 1]``.
-    """
-    n_q, n_k = query.shape[2], key.shape[2]
-    q_offset = n_k - n_q
-    rows = max(1, min(last_rows, n_q))
-    first = n_q - rows  # first scored query, relative to the queries
-    key = expand_kv(key, query.shape[1])
-    logits = torch.matmul(query[:, :, first:].float(), key.float().transpose(-1, -2)) * scaling  # (B, H, R, Nk)
-    positions = q_offset + first + torch.arange(rows, device=query.device)
-    causal = positions[:, None] >= torch.arange(n_k, device=query.device)
-    probs = torch.softmax(logits.masked_fill(~causal, float("-inf")), dim=-1)
-    # the scored queries are the last positions, as token_keep_mask takes them
-    if keep.shape[2] != n_q:
-        raise ValueError(f"keep must be a per-token selection (B, H, {n_q}, Mk), got shape {tuple(keep.shape)}")
-    kept = token_keep_mask(keep[:, :, first:], block_size, n_k)
-    needle = torch.zeros(n_k, dtype=torch.bool, device=query.device)
-    needle[needle_start:needle_end] = True
-    return attention_preservation(probs, kept, needle)
-
-
-def _causal_pairs(token_keep: torch.Tensor, block_size: int) -> tuple[int, int]:
-    """(kept, total) causal (query token, key block) pairs of a prefill's per-token selection, over all heads."""
-    n_q, n_blocks = token_keep.shape[2], token_keep.shape[3]
-    device = token_keep.device
-    causal = (torch.arange(n_q, device=device) // block_size)[:, None] >= torch.arange(n_blocks, device=device)
-    kept = int((token_keep & causal).sum())
-    return kept, int(causal.sum()) * token_keep.shape[0] * token_keep.shape[1]
-
-
-class _SparsityCounter:
-    """Counts, over the CAB prefills it watches, the (query token, key block) pairs the selection keeps."""
-
-    def __init__(self):
-        self.kept = self.total = 0
-        self.calls = 0
-
-    def observe(self, module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> None:
-        self._select(module, query, key, scaling)
-
-    def _select(self, module, query, key, scaling) -> tuple[CABParams, float, torch.Tensor | None]:
-        """The call's CAB parameters, scaling and per-token selection (None where CAB runs dense), counted."""
-        self.calls += 1
-        params = CABParams.from_config(module.config)
-        scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
-        n = query.shape[2]
-        if runs_dense(params, n, key.shape[2]):  # CAB runs dense attention: everything is kept
-            pairs = query.shape[0] * query.shape[1] * sum(t // params.block_size + 1 for t in range(n))
-            self.kept, self.total = self.kept + pairs, self.total + pairs
-            return params, scaling, None
-        token_keep = select_cab_blocks(query, key, params, scaling, key.shape[2] - n)
-        kept, total = _causal_pairs(token_keep, params.block_size)
-        self.kept, self.total = self.kept + kept, self.total + total
-        return params, scaling, token_keep
-
-    def _check_seen(self) -> None:
-        if not self.calls:
-            raise RuntimeError(
-                "no attention call reached the CAB probe: the model does not route attention through "
-                "transformers' AttentionInterface (set_attn_implementation), so CAB cannot be evaluated on it"
-            )
-
-    def achieved_sparsity(self) -> float:
-        """The share of causal (query token, key block) pairs dropped, over every call, head and query."""
-        self._check_seen()
-        return 1.0 - self.kept / self.total if self.total else 0.0
-
-
-class _PreservationProbe(_SparsityCounter):
-    """Watches the teacher-forced CAB forward over prompt + answer, one attention call per layer.
-
-    Per layer it scores :func:`needle_preservation` on the prompt's queries and keys (the first
-    ``prompt_length``; the answer's rows are not scored) and counts the (query token, key block) pairs the
-    selection drops, for ``achieved_sparsity``.
-    """
-
-    def __init__(self, needle_start: int, needle_end: int, last_rows: int, prompt_length: int):
-        super().__init__()
-        self.needle = (needle_start, needle_end)
-        self.last_rows = last_rows
-        self.prompt_length = prompt_length
-        self.scores: list[float] = []
-
-    def observe(self, module, query: torch.Tensor, key: torch.Tensor, attention_mask, scaling: float | None) -> None:
-        params, scaling, token_keep = self._select(module, query, key, scaling)
-        if token_keep is None:
-            self.scores.append(1.0)
-            return
-        prompt = min(self.prompt_length, query.shape[2])
-        score = needle_preservation(
-            query[:, :, :prompt],
-            key[:, :, :prompt],
-            token_keep[:, :, :prompt],
-            block_size=params.block_size,
-            scaling=scaling,
-            needle_start=self.needle[0],
-            needle_end=self.needle[1],
-            last_rows=self.last_rows,
-        )
-        self.scores.append(float(score.mean()))
-
-    def value(self) -> float:
-        self._check_seen()
-        return sum(self.scores) / len(self.scores)
-
-
-_ACTIVE_PROBE = None
-
-
-@contextmanager
-def probing(observer):
-    """While active, every CAB prefill call (``Nq == Nk > 1``) of a model switched by :func:`use_probe` first calls
-    ``observer.observe(module, query, key, attention_mask, scaling)`` (e.g. to count or score its selection)."""
-    global _ACTIVE_PROBE
-    previous, _ACTIVE_PROBE = _ACTIVE_PROBE, observer
-    try:
-        yield observer
-    finally:
-        _ACTIVE_PROBE = previous
-
-
-def probe_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0, scaling=None, **kwargs):
-    """CAB attention that first lets the active observer (:func:`probing`) see its prefill calls."""
-    probe = _ACTIVE_PROBE
-    if probe is not None and 1 < query.shape[2] == key.shape[2]:
-        probe.observe(module, query, key, attention_mask, scaling)
-    return cab_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
-
-
-def use_probe(model) -> None:
-    """Run ``model``'s attention through :func:`probe_attention_forward` (CAB as its config says, observed)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    AttentionInterface.register(PROBE, probe_attention_forward)
-    AttentionMaskInterface.register(PROBE, sdpa_mask)  # the mask CAB gets, as in register_cab
-    model.set_attn_implementation(PROBE)
-
-
-# -- the model's state -----------------------------------------------------------------------------
-
-
-@contextmanager
-def _restoring(model):
-    """Put back the attention implementation, the ``cab_*`` config fields and the train/eval mode."""
-    config = model.config
-    implementation = config._attn_implementation
-    missing = object()
-    fields = {name: getattr(config, name, missing) for name in CABParams().to_config_fields()}
-    was_training = model.training
-    try:
-        yield
-    finally:
-        for name, value in fields.items():
-            if value is missing:
-                if hasattr(config, name):
-                    delattr(config, name)
-            else:
-                setattr(config, name, value)
-        if implementation is not None and config._attn_implementation != implementation:
-            model.set_attn_implementation(implementation)
-        model.train(was_training)
-
-
-def _use_method(model, method: NIAHMethod, block_size: int, budget: str) -> None:
-    """Switch ``model`` to ``method``: ``budget`` (the run's) applies to methods given by a sparsity; a method's
-    own block budget and block score override the config's."""
-    if method.is_dense:
-        model.set_attn_implementation(DENSE)
-        return
-    own = {"score": method.score} if method.score is not None else {}
-    if method.kept_blocks is not None:
-        own.update(budget="topk", topk=method.kept_blocks)
-    enable_cab(
-        model,
-        **{
-            "sparsity": method.sparsity,
-            "policy": method.policy,
-            "block_size": block_size,
-            "budget": budget,
-            "min_seq_len": 0,
-            "decode": "sparse",
-            **own,
-        },
-    )
-    use_probe(model)  # CAB itself, with the probe listening
-
-
-def _model_device(model) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _pad_token_id(model, tokenizer) -> int:
@@ -536,7 +200,7 @@ def _prompt_wrap(tokenizer, chat_template: bool, answer_prefix: str | None = Non
 
 def _answer_logits(model, prompt_ids: list[int], answer_ids: list[int]) -> torch.Tensor:
     """``(len(answer_ids), V)`` float32 logits predicting each answer token: one teacher-forced forward."""
-    ids = torch.tensor([prompt_ids + answer_ids], device=_model_device(model))
+    ids = torch.tensor([prompt_ids + answer_ids], device=model_device(model))
     keep = len(answer_ids) + 1
     extra = {"logits_to_keep": keep} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
     with torch.no_grad():
@@ -557,7 +221,7 @@ def _greedy_is_answer(logits: torch.Tensor, answer_ids: list[int]) -> bool:
 
 def greedy_answer(model, tokenizer, prompt_ids: list[int], n_tokens: int, pad_token_id: int) -> str:
     """Greedy-decode ``n_tokens`` after ``prompt_ids`` (one unpadded prompt) and return them as stripped text."""
-    ids = torch.tensor([prompt_ids], device=_model_device(model))
+    ids = torch.tensor([prompt_ids], device=model_device(model))
     with torch.no_grad():
         out = model.generate(
             ids,
@@ -582,9 +246,9 @@ def _evaluate_row(
     probe = (
         None
         if method.is_dense
-        else _PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows, len(prompt))
+        else PreservationProbe(row["needle_start"] + shift, row["needle_end"] + shift, last_rows, len(prompt))
     )
-    with probing(probe):  # the teacher-forced forward is the CAB forward the probe scores
+    with observing(probe):  # the teacher-forced forward is the CAB forward the probe scores
         logits = _answer_logits(model, prompt, answer_ids)
     if _greedy_is_answer(logits, answer_ids):
         generated = _decoded(tokenizer, answer_ids)
@@ -661,7 +325,7 @@ def load_niah_results(path: str | os.PathLike) -> list[dict[str, Any]]:
 def _check_header(path: Path, found: dict, expected: dict) -> None:
     if isinstance(found.get("cab"), dict):
         # a file written before CAB gained a field ran with that field's default
-        defaults = _other_cab_fields(None)
+        defaults = other_cab_fields(None)
         found = {**found, "cab": {**{k: v for k, v in defaults.items() if k not in found["cab"]}, **found["cab"]}}
     found = {**_PROMPT_DEFAULTS, **found}  # a file written before needle variants existed: single, number
     if found == expected:
@@ -681,21 +345,6 @@ def _haystack_id(haystack) -> str:
     if isinstance(haystack, (str, os.PathLike)):
         return str(haystack)
     return f"{type(haystack).__name__}:{getattr(haystack, '_fingerprint', id(haystack))}"
-
-
-#: the CAB fields run_niah sets itself (per method, or fixed for the evaluation); the others come from the config
-_SET_BY_RUN = ("sparsity", "policy", "block_size", "budget", "min_seq_len", "decode")
-
-
-def _other_cab_fields(config) -> dict[str, Any]:
-    """CAB's hyperparameters that run_niah does not set, as the model's config holds them (defaults if absent;
-    ``config=None``: every default).
-
-    Every field of :class:`~hf_icl.attention.cab.CABParams` but :data:`_SET_BY_RUN`, so fields CAB gains later
-    are recorded (and keep results of different settings apart) without a change here.
-    """
-    params = CABParams() if config is None else CABParams.from_config(config)
-    return {name: getattr(params, name) for name in params.__dataclass_fields__ if name not in _SET_BY_RUN}
 
 
 # -- the run -------------------------------------------------------------------------------------
@@ -762,7 +411,7 @@ def run_niah(
 
     from ..data.niah import NeedleInAHaystackConfig, load_tokenizer, tokenizer_fingerprint
 
-    methods = _check_methods(methods)
+    methods = check_methods(methods)
     CABParams(block_size=block_size, budget=budget)  # validates both, naming them
     if preservation_queries is not None:
         check_int("preservation_queries", preservation_queries, low=1)
@@ -812,7 +461,7 @@ def run_niah(
         "preservation_queries": preservation_queries,
         "chat_template": bool(chat_template),
         "gguf_file": None if gguf_file is None else os.path.basename(str(gguf_file)),
-        "cab": _other_cab_fields(model.config),
+        "cab": other_cab_fields(model.config),
     }
     if answer_prefix is not None:  # absent otherwise, so results files written before the option still resume
         header["answer_prefix"] = answer_prefix
@@ -838,7 +487,7 @@ def run_niah(
     records: list[dict[str, Any]] = []
     bar = tqdm(total=len(methods) * len(rows), desc="niah", disable=not progress, dynamic_ncols=True)
     try:
-        with _restoring(model):
+        with restoring_attention(model):
             model.eval()
             for method in methods:
                 hits = total = 0
@@ -848,7 +497,7 @@ def run_niah(
                     record = done.get(key)
                     if record is None:
                         if not switched:
-                            _use_method(model, method, block_size, budget)
+                            apply_method(model, method, block_size, budget)
                             switched = True
                         record = _evaluate_row(model, tokenizer, row, method, last_rows(row), pad_id, wrap)
                         if handle is not None:

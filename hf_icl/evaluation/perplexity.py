@@ -3,7 +3,8 @@
 Passkey retrieval asks whether a sparse selection keeps one needle; perplexity asks what it costs on every
 token of ordinary text. :func:`long_text_perplexity` cuts a text into ``windows`` consecutive, non-overlapping
 windows of ``length`` tokens and runs one teacher-forced forward per window and method (dense ``"sdpa"``, then
-each CAB policy × sparsity, switched exactly as :func:`~hf_icl.evaluation.niah.run_niah` switches them). Each
+each CAB policy × sparsity, switched exactly as :func:`~hf_icl.evaluation.niah.run_niah` switches them, by
+:func:`~hf_icl.evaluation.cab_methods.apply_method`). Each
 window's first token is context only; the other ``length - 1`` are scored, so a record's ``nll`` is the mean
 negative log-likelihood over ``windows × (length - 1)`` tokens and ``perplexity = exp(nll)``.
 
@@ -61,8 +62,17 @@ import torch.nn.functional as F
 
 from ..attention.cab import CABParams
 from ..validation import check_int
-from .intervals import _check_confidence, t_interval
-from .niah import DENSE, NIAHMethod, _check_methods, _model_device, _restoring, _SparsityCounter, _use_method, probing
+from .cab_methods import (
+    DENSE,
+    NIAHMethod,
+    SelectionCounter,
+    apply_method,
+    check_methods,
+    model_device,
+    observing,
+    restoring_attention,
+)
+from .intervals import check_confidence, t_interval
 
 __all__ = [
     "BUILTIN_TEXT",
@@ -243,7 +253,7 @@ def text_windows(tokenizer, text: str, length: int, windows: int) -> list[list[i
 
 def _window_nll(model, ids: list[int]) -> float:
     """Summed negative log-likelihood of ``ids[1:]`` given their prefixes: one forward, no cache."""
-    input_ids = torch.tensor([ids], device=_model_device(model))
+    input_ids = torch.tensor([ids], device=model_device(model))
     with torch.no_grad():
         logits = model(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), use_cache=False).logits
     logits, targets = logits[0, :-1], input_ids[0, 1:]  # position t predicts token t + 1
@@ -276,14 +286,14 @@ def long_text_perplexity(
         text: the text, e.g. :func:`load_builtin_text` or a file's contents; it must hold ``length × windows``
             tokens.
         length: tokens per window (at most the model's ``max_position_embeddings``).
-        methods: e.g. :func:`~hf_icl.evaluation.niah.niah_methods` (dense first gives every record its ratio).
+        methods: e.g. :func:`~hf_icl.evaluation.cab_methods.niah_methods` (dense first gives every record its ratio).
         windows: consecutive non-overlapping windows from the start of the text.
         block_size, budget: CAB's block size and budget, shared by every policy; CAB's other hyperparameters
             are the model config's ``cab_*`` fields (``cab_min_seq_len`` is set to 0: every window is sparse).
         confidence: the level of the intervals over windows.
 
     Returns one record per method, in order: the method's fields (``method, policy, score, sparsity,
-    kept_blocks``, see :meth:`~hf_icl.evaluation.niah.NIAHMethod.record_fields`), ``length, windows, tokens``
+    kept_blocks``, see :meth:`~hf_icl.evaluation.cab_methods.NIAHMethod.record_fields`), ``length, windows, tokens``
     (the scored tokens, ``windows × (length - 1)``), ``nll`` (mean per scored token), ``perplexity``
     (``exp(nll)``), ``perplexity_low, perplexity_high`` (``exp`` of the t interval of the mean window NLL),
     ``ratio_to_dense`` (perplexity over the dense method's, ``exp`` of the mean paired window difference),
@@ -296,9 +306,9 @@ def long_text_perplexity(
 
     check_int("length", length, low=2)
     check_int("windows", windows, low=1)
-    methods = _check_methods(methods)
+    methods = check_methods(methods)
     CABParams(block_size=block_size, budget=budget)  # validates both, naming them
-    _check_confidence(confidence)
+    check_confidence(confidence)
     limit = getattr(model.config, "max_position_embeddings", None)
     if isinstance(limit, int) and length > limit:
         raise ValueError(f"length={length} is more than the model's max_position_embeddings={limit}")
@@ -307,14 +317,14 @@ def long_text_perplexity(
     records: list[dict[str, Any]] = []
     bar = tqdm(total=len(methods) * windows, desc="perplexity", disable=not progress, dynamic_ncols=True)
     try:
-        with _restoring(model):
+        with restoring_attention(model):
             model.eval()
             for method in methods:
-                _use_method(model, method, block_size, budget)
-                counter = None if method.is_dense else _SparsityCounter()
+                apply_method(model, method, block_size, budget)
+                counter = None if method.is_dense else SelectionCounter()
                 sums = []
                 for ids in chunks:
-                    with probing(counter):
+                    with observing(counter):
                         sums.append(_window_nll(model, ids))
                     bar.update(1)
                 records.append(_record(method, length, sums, counter, confidence))

@@ -69,8 +69,9 @@ from ..attention.cab import (
 from ..data.tasks import TaskFamily, make_task
 from ..estimators import get_estimator
 from ..validation import check_choice, check_float, check_int
+from .cab_methods import PROBE, SCORED_METHODS, probing, use_probe
+from .cab_methods import restoring_attention as _restoring
 from .context_scaling import TRIVIAL, ContextScalingResult, evaluate_context_scaling
-from .niah import PROBE, SCORED_METHODS, _restoring, probing, use_probe
 from .plotting import BASELINE_STYLES, band_label, draw_band_curve, new_panels, save_figure
 from .predictors import Predictor, check_predictors, model_device, output_tensor
 

@@ -619,7 +619,7 @@ def block_sparse_attention_triton(
     tiles = check_tile_config(tiles, kv_group, grouped)
     q_blocks = math.ceil(n_q / block_size)
     _check_tile_counts(tile_counts, (batch, heads, q_blocks, 2), q.device)
-    key_valid = _key_valid_tensor(key_padding_mask, q)
+    key_valid = key_valid_tensor(key_padding_mask, q)
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=q.device)
     if batch * heads > 0:
@@ -689,7 +689,7 @@ def kernels_runnable(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda" or is_interpreted(_block_sparse_attention_kernel)
 
 
-def _key_valid_tensor(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
+def key_valid_tensor(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> torch.Tensor:
     """The kernel's int8 ``(B, Nk)`` key-validity operand; a 1 × 1 placeholder when there is no mask (unread)."""
     if key_padding_mask is None:
         return torch.ones(1, 1, dtype=torch.int8, device=q.device)

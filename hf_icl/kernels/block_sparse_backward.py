@@ -34,12 +34,12 @@ from ._common import check_kernel_runnable, check_key_padding_mask, is_interpret
 from .block_sparse_attention import (
     LOG2_E,
     TileConfig,
-    _key_valid_tensor,
     block_sparse_attention_reference,
     block_sparse_attention_triton,
     check_tile_config,
     count_below,
     full_key_blocks,
+    key_valid_tensor,
     resolve_keep_groups,
     selection_lists,
     stacked_heads,
@@ -374,7 +374,7 @@ def block_sparse_attention_backward_triton(
     q, k, v, dout = (x.contiguous() for x in (q, k, v, dout))
     delta = (dout.float() * out.float()).sum(-1).contiguous()
     lse = lse.contiguous()
-    key_valid = _key_valid_tensor(key_padding_mask, q).contiguous()
+    key_valid = key_valid_tensor(key_padding_mask, q).contiguous()
     dq = torch.empty_like(q)
     # one dk / dv row per program; a program that holds a whole KV group writes k's shape and dtype directly, the
     # others write fp32 parts that are summed over the group below (so the sum rounds once)

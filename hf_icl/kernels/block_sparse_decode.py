@@ -37,10 +37,10 @@ from ._common import (
 from .block_sparse_attention import (
     LOG2_E,
     TileConfig,
-    _key_valid_tensor,
     block_sparse_attention_reference,
     check_tile_config,
     full_key_blocks,
+    key_valid_tensor,
     resolve_group_heads,
     resolve_keep_groups,
     selection_lists,
@@ -301,7 +301,7 @@ def block_sparse_decode_triton(
     part_acc = torch.empty(batch, heads, num_splits, head_dim, dtype=torch.float32, device=q.device)
     part_m = torch.empty(batch, heads, num_splits, dtype=torch.float32, device=q.device)
     part_l = torch.empty_like(part_m)
-    key_valid = _key_valid_tensor(key_padding_mask, q)
+    key_valid = key_valid_tensor(key_padding_mask, q)
     if batch * heads > 0:
         _block_sparse_decode_kernel[(num_splits, programs)](
             q,

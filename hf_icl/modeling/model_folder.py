@@ -341,16 +341,18 @@ def resolve_model_class(config, model_class=None):
     import transformers
     from transformers import AutoModel, AutoModelForCausalLM, PreTrainedModel
 
-    from .. import modeling
-
     for name in (getattr(config, "architectures", None) or [])[:1]:
         if not isinstance(name, str) or not name.isidentifier():
             continue
-        for namespace in (modeling, transformers):
-            try:
-                found = getattr(namespace, name, None)
-            except Exception:  # a transformers class whose optional dependency is missing
-                found = None
+        # hf_icl's classes are defined by the time a folder is loaded (importing hf_icl registers them): found
+        # among the subclasses, so this module needs no import of the model modules that import it
+        ours = [c for c in _subclasses(PreTrainedModel) if c.__module__.startswith("hf_icl.")]
+        candidates = [c for c in ours if c.__name__ == name]
+        try:
+            candidates.append(getattr(transformers, name, None))
+        except Exception:  # a transformers class whose optional dependency is missing
+            pass
+        for found in candidates:
             if (
                 isinstance(found, type)
                 and issubclass(found, PreTrainedModel)
@@ -365,6 +367,12 @@ def resolve_model_class(config, model_class=None):
         except (KeyError, ValueError):
             continue
     return None
+
+
+def _subclasses(cls: type):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
 
 
 def expected_shapes(folder: str | Path, config, model_class=None) -> dict[str, Any]:

@@ -38,14 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..data.stories import (
-    distinct_n,
-    load_story_corpus,
-    pack_stories,
-    repetition_rate,
-    story_tokens,
-    train_story_tokenizer,
-)
+from ..data.stories import load_story_corpus, pack_stories, train_story_tokenizer
+from ..evaluation.repetition import distinct_n, repetition_rate, story_tokens
 from ..evaluation.story_judge import CRITERIA, aggregate_scores, judge_stories
 from ..modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM, attention_parameter_counts
 from ..training.checkpoints import quiet_progress

@@ -35,38 +35,12 @@ from ..data.tasks import get_task
 from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
 from ..evaluation.metrics import metric_for_task
 from ..training.checkpoints import quiet_progress
+from .kernel_icl_document import KERNEL_NAMES, ROW_KERNELS, TABLE1, TABLE2, TABLE2_KRR, grid_label, grid_name  # noqa: F401
 from .runs import Experiment, Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
 from .seed_ensemble import SeedEnsemble
 from .workers import worker_pool
 
 PAPER = "kernel-icl"
-ROW_KERNELS = ("softmax", "cosine", "cayley", "ga")
-#: how the document names the row kernels
-KERNEL_NAMES = {"softmax": "Softmax", "cosine": "Cosine", "cayley": "Cayley", "ga": "GA"}
-
-#: Table 1 (1-D sin(x)): method -> (label, kernel as the document writes it, the document's MSE)
-TABLE1 = {
-    "ridge": ("Ridge (λ = 1)", "linear", 0.1713),
-    "raw_attention": ("Attention ICL (raw)", "softmax of xᵀx'", 0.0806),
-    "nadaraya_watson": ("Nadaraya–Watson (RBF, σ = 0.5)", "RBF", 0.0147),
-    "ga": ("GA ICL (penalty)", "(β₁ cos θ − β₂ sin θ)/T, β = (4, 1), T = 1", 0.0082),
-    "cayley": ("Cayley ICL", "−θ²/(2T²), T = 0.1", 0.0074),
-    "kernel_ridge": ("KRR (RBF, σ = 0.5, λ = 0.01)", "RBF", 0.0042),
-    "pretrained": ("Pre-trained attention head", "learned softmax", 0.0039),
-    "cosine": ("Cosine ICL", "cos θ / T, T = 0.1", 0.0038),
-}
-#: Table 2 (10-D latent groups): (row kernel, column attention) -> the document's MSE; and its KRR (σ = 3)
-TABLE2 = {
-    ("softmax", False): 0.0997,
-    ("softmax", True): 0.0780,
-    ("cosine", False): 0.0864,
-    ("cosine", True): 0.0718,
-    ("cayley", False): 0.0861,
-    ("cayley", True): 0.0718,
-    ("ga", False): 0.0862,
-    ("ga", True): 0.0720,
-}
-TABLE2_KRR = 0.1165
 #: the trivial predictor of the testability rule, as the tables and claims name it
 TRIVIAL_LABEL = "trivial (zero predictor)"
 #: Table-1 methods that are trained models (the rest are classical estimators: baselines to the rule)
@@ -407,14 +381,6 @@ def _ranking_claim(ctx: Context) -> None:
 
 
 # -- Table 2 -------------------------------------------------------------------------------------------------------
-def grid_name(kernel: str, column: bool) -> str:
-    return f"{'col' if column else 'row'}_{kernel}"
-
-
-def grid_label(kernel: str, column: bool) -> str:
-    return f"{'Col+' if column else 'Row '}{KERNEL_NAMES[kernel]}"
-
-
 def train_grid(ctx: Context) -> dict[tuple[str, bool], tuple[list[torch.nn.Module], torch.Tensor]]:
     scale = ctx.scale
     n_points = max(scale.grid_context + scale.grid_queries, scale.eval_context + scale.eval_queries)

@@ -9,7 +9,7 @@ import torch
 
 from ..evaluation.plotting import new_panels, save_figure
 from ..kernels.row_kernels import row_kernel_scores
-from .kernel_icl import KERNEL_NAMES, TABLE1, grid_label, grid_name
+from .kernel_icl_document import KERNEL_NAMES, TABLE1, grid_label, grid_name
 from .runs import seed_interval
 
 #: the document's query for the weight profiles (x ≈ 0.94, on the right slope)

@@ -103,6 +103,13 @@ class ICLTrainingArguments:
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (autocast)"})
     fp16: bool = field(default=False, metadata={"help": "fp16 mixed precision with a gradient scaler (GPU only)"})
     seed: int = field(default=0, metadata={"help": "seed of weights and prompts"})
+    seeds: int = field(
+        default=1,
+        metadata={
+            "help": "train this many seeds at once (seed, seed+1, ...), each bit-identical to its own run with that "
+            "--seed, its final model in OUTPUT_DIR/seed-S"
+        },
+    )
     # -- evaluation, checkpoints, logging ------------------------------------------------------
     eval_steps: int = field(default=1000, metadata={"help": "steps between evaluations (0: only at the end)"})
     eval_prompts: int = field(default=1280, metadata={"help": "prompts in the fixed evaluation set"})
@@ -176,6 +183,12 @@ class ICLTrainingArguments:
             check_int(name, getattr(self, name), low=1)
         for name in ("warmup_steps", "eval_steps", "save_steps", "seed"):
             check_int(name, getattr(self, name), low=0)
+        check_int("seeds", self.seeds, low=1)
+        if self.seeds > 1 and self.push_to_hub:
+            raise ValueError(
+                f"push_to_hub=True with seeds={self.seeds}: a run of several seeds writes one model folder per seed "
+                "(OUTPUT_DIR/seed-S); train without push_to_hub and upload the seed you want"
+            )
         check_float("learning_rate", self.learning_rate, low=0, low_inclusive=False)
         check_float("weight_decay", self.weight_decay, low=0)
         check_float("max_grad_norm", self.max_grad_norm, low=0)
@@ -306,7 +319,12 @@ class ICLTrainingArguments:
         return _json_object("model_overrides", self.model_overrides)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """Every field, as ``training_args.json`` and checkpoint manifests store them; ``seeds`` only when it is not
+        1, so a run of one seed writes the same files as before the field existed (and resumes their checkpoints)."""
+        values = asdict(self)
+        if values["seeds"] == 1:
+            del values["seeds"]
+        return values
 
     @classmethod
     def from_dict(cls, values: dict[str, Any], source: str = "the training arguments") -> ICLTrainingArguments:

@@ -40,8 +40,10 @@ from safetensors.torch import load_file, save_file
 
 from ..modeling.model_folder import first_non_finite_weight
 from .manifest import CheckpointError, write_manifest
+from .run_files import SEED_DIR_PREFIX
 
 CHECKPOINT_PATTERN = re.compile(r"^step-(\d+)$")
+SEED_PART = re.compile(rf"^{SEED_DIR_PREFIX}(\d+)$")  # one seed's state in a checkpoint of several seeds
 WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
@@ -117,9 +119,26 @@ def rotate_checkpoints(output_dir: str | Path, keep: int, protect: Path | None =
 def non_finite_weight(directory: str | Path) -> str | None:
     """``"file:key"`` of the first weight holding a NaN or an infinity in the folder's safetensors files, read from
     disk; None if every weight is finite. A folder whose weights cannot be read (missing, truncated, a crafted
-    header) raises :class:`CheckpointError`."""
+    header) raises :class:`CheckpointError`. A checkpoint of several seeds (``seed-S`` folders, no weights of its
+    own) is checked seed by seed: ``"seed-S/file:key"``."""
+    parts = seed_parts(directory)
+    if parts:
+        for part in parts:
+            found = non_finite_weight(part)
+            if found is not None:
+                return f"{part.name}/{found}"
+        return None
     found = first_non_finite_weight(directory)
     return None if found is None else f"{found[0]}:{found[1]}"
+
+
+def seed_parts(directory: str | Path) -> list[Path]:
+    """The ``seed-S`` folders of a checkpoint of several seeds, in seed order; empty for a checkpoint of one model."""
+    directory = Path(directory)
+    if (directory / CONFIG_FILE).exists():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.glob("seed-*") if (m := SEED_PART.match(p.name)) and p.is_dir()]
+    return [path for _, path in sorted(found)]
 
 
 def newest_finite_checkpoint(
@@ -352,38 +371,81 @@ def save_checkpoint(
     A write that fails on any process (``OSError``: disk full, permission, ...) removes ``step-N.tmp`` and
     raises :class:`CheckpointSaveError` on every process; earlier checkpoints are never touched before the
     new one is complete (``save_total_limit`` rotates them out afterwards)."""
+    staging = staging_dir(output_dir, step)
+    write_checkpoint_part(
+        accelerator,
+        staging,
+        step,
+        model=model,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        trainer_state=trainer_state,
+        rng_state=rng_state,
+    )
+    return complete_checkpoint(accelerator, output_dir, step, training_args, save_total_limit)
+
+
+def staging_dir(output_dir: str | Path, step: int) -> Path:
+    """``step-N.tmp``: where the checkpoint of ``step`` is written before it is renamed to ``step-N``."""
     final = checkpoint_dir(output_dir, step)
-    staging = final.with_name(final.name + ".tmp")
+    return final.with_name(final.name + ".tmp")
+
+
+def write_checkpoint_part(
+    accelerator,
+    folder: Path,
+    step: int,
+    *,
+    model: torch.nn.Module,
+    optimizer,
+    scheduler,
+    trainer_state: dict[str, Any],
+    rng_state: dict[str, Any],
+    staging: Path | None = None,
+) -> None:
+    """Write one model's state into ``folder``: the staging folder of the checkpoint of ``step`` (a leftover one is
+    replaced), or one seed's folder inside it (``staging``; a checkpoint of several seeds). Every process must call
+    this; a failed write removes the staging folder and raises :class:`CheckpointSaveError` on every process."""
+    staging = folder if staging is None else staging
     state_dict = accelerator.get_state_dict(model)
-    main = accelerator.is_main_process
 
     def shared_files() -> None:
-        if staging.exists():
-            shutil.rmtree(staging)  # left over from a run that died while saving
-        staging.mkdir(parents=True)
+        if folder.exists():
+            shutil.rmtree(folder)  # left over from a run that died while saving
+        folder.mkdir(parents=True)
         with quiet_progress():
-            accelerator.unwrap_model(model).save_pretrained(staging, state_dict=state_dict)
-        write_state(staging, OPTIMIZER, optimizer.state_dict())
-        write_state(staging, SCHEDULER, scheduler.state_dict())
+            accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state_dict)
+        write_state(folder, OPTIMIZER, optimizer.state_dict())
+        write_state(folder, SCHEDULER, scheduler.state_dict())
         if accelerator.scaler is not None:
-            write_state(staging, SCALER, accelerator.scaler.state_dict())
-        (staging / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+            write_state(folder, SCALER, accelerator.scaler.state_dict())
+        (folder / TRAINER_STATE_FILE).write_text(json.dumps(trainer_state, indent=2))
+
+    _write_or_fail(accelerator, staging, step, shared_files if accelerator.is_main_process else None)
+    _write_or_fail(
+        accelerator, staging, step, lambda: write_state(folder, rng_state_name(accelerator.process_index), rng_state)
+    )
+
+
+def complete_checkpoint(
+    accelerator, output_dir: str | Path, step: int, training_args: dict[str, Any], save_total_limit: int | None = None
+) -> Path:
+    """Hash the written staging folder of ``step`` into its manifest and rename it to ``step-N`` (then rotate out the
+    checkpoints beyond ``save_total_limit``); returns the checkpoint's folder."""
+    final, staging = checkpoint_dir(output_dir, step), staging_dir(output_dir, step)
+    main = accelerator.is_main_process
 
     def complete() -> None:
         write_manifest(staging, step, training_args)
         _replace_dir(staging, final)
 
-    _write_or_fail(accelerator, staging, step, shared_files if main else None)
-    _write_or_fail(
-        accelerator, staging, step, lambda: write_state(staging, rng_state_name(accelerator.process_index), rng_state)
-    )
     _write_or_fail(accelerator, staging, step, complete if main else None)
     if main and save_total_limit is not None:
         try:
             rotate_checkpoints(output_dir, save_total_limit, protect=final)
         except OSError as err:  # the new checkpoint is complete: a leftover old one is no reason to stop
             warnings.warn(
-                f"save_total_limit={save_total_limit}: could not remove an old checkpoint ({err})", stacklevel=3
+                f"save_total_limit={save_total_limit}: could not remove an old checkpoint ({err})", stacklevel=4
             )
     accelerator.wait_for_everyone()
     return final

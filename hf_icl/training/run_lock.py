@@ -17,6 +17,8 @@ import uuid
 import warnings
 from pathlib import Path
 
+from .run_files import SEED_DIR_PREFIX
+
 LOCK_FILE = "train.lock"
 CHECKPOINTS = "checkpoints"
 _CHECKPOINT_ENTRY = re.compile(r"^step-\d+(\.tmp)?$")
@@ -148,10 +150,20 @@ def _checkpoint_entries(output_dir: Path) -> list[Path]:
 
 
 def existing_run(output_dir: str | Path) -> list[str]:
-    """The files and folders in ``output_dir`` that show another run wrote it (empty if none)."""
+    """The files and folders in ``output_dir`` that show another run wrote it (empty if none): a run of several
+    seeds shows as its ``seed-S`` folders."""
     output_dir = Path(output_dir)
     found = [CHECKPOINTS] if _checkpoint_entries(output_dir) else []
+    found += [folder.name for folder in _seed_runs(output_dir)]
     return found + [name for name in RUN_FILES if (output_dir / name).exists()]
+
+
+def _seed_runs(output_dir: Path) -> list[Path]:
+    """The ``seed-S`` folders of ``output_dir`` that hold a run (the final model folders of a run of several seeds)."""
+    if not output_dir.is_dir():
+        return []
+    folders = sorted(p for p in output_dir.glob(f"{SEED_DIR_PREFIX}*") if p.is_dir() and not p.is_symlink())
+    return [folder for folder in folders if existing_run(folder)]
 
 
 def remove_run(output_dir: str | Path) -> list[str]:
@@ -160,6 +172,11 @@ def remove_run(output_dir: str | Path) -> list[str]:
     folder only if they are hf_icl's); other files stay. Returns the names removed."""
     output_dir = Path(output_dir)
     removed = []
+    for folder in _seed_runs(output_dir):  # a run of several seeds: every seed's final model folder
+        remove_run(folder)
+        if not any(folder.iterdir()):
+            folder.rmdir()
+        removed.append(folder.name)
     entries = _checkpoint_entries(output_dir)
     for entry in entries:
         if entry.is_dir() and not entry.is_symlink():

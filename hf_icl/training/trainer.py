@@ -10,7 +10,6 @@ on many with ``accelerate launch``.
 
 from __future__ import annotations
 
-import errno
 import importlib.util
 import json
 import math
@@ -22,8 +21,7 @@ from pathlib import Path
 
 import torch
 from accelerate import Accelerator, PartialState
-from accelerate.utils import DistributedType, broadcast_object_list, set_seed
-from safetensors import SafetensorError
+from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
@@ -33,49 +31,27 @@ from ..evaluation import ContextScalingResult, evaluate_context_scaling
 from ..evaluation.baselines import default_baselines
 from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
-from ..evaluation.runs import METRICS_FILE, evaluation_entry, write_curve_csv, write_metrics
+from ..evaluation.runs import evaluation_entry, write_curve_csv, write_metrics
 from ..modeling import build_model
 from ..modeling.model_folder import write_model_manifest
-from .arguments import RESUMABLE_CHANGES, ICLTrainingArguments, upgrade_names
-from .checkpoints import (
-    REQUIRED_FILES,
-    SCALER,
-    CheckpointSaveError,
-    TrainingProgress,
-    as_os_error,
-    capture_rng_state,
-    latest_checkpoint,
-    list_checkpoints,
-    load_checkpoint,
-    newest_finite_checkpoint,
-    non_finite_weight,
-    quiet_progress,
-    restore_rng_state,
-    rng_state_name,
-    save_checkpoint,
-)
+from .arguments import ICLTrainingArguments
+from .checkpoints import CheckpointSaveError, TrainingProgress, capture_rng_state, quiet_progress, save_checkpoint
 from .curriculum import Curriculum
 from .hub import check_hub_access, default_repo_name, push_model_folder
-from .manifest import CheckpointError, verify_checkpoint
 from .model_card import eval_results_from_context_scaling, write_model_card
-from .run_lock import OutputDirError, RunLock, existing_run, remove_run
-
-TRAINING_ARGS_FILE = "training_args.json"  # lets `hf-icl evaluate` rebuild the training task
-PLOT_FILE = "context_scaling.png"
-CURVE_FILE = "context_scaling.csv"  # the per-position curves of metrics.json's "standard" evaluation
-EVAL_SEED_OFFSET = 7_919  # keeps the evaluation prompts apart from every training step's prompts
-
+from .resume import ResumeRules, TrainingDivergedError  # noqa: F401  (re-exported: defined here before)
+from .run_files import (  # re-exported: these names were defined here before hf_icl.training.run_files
+    CURVE_FILE,
+    EVAL_SEED_OFFSET,
+    METRICS_FILE,
+    PLOT_FILE,
+    TRAINING_ARGS_FILE,
+)
 
 #: packages that provide each tracker of ``report_to`` (any one of them will do)
 TRACKER_PACKAGES = {"tensorboard": ("tensorboard", "tensorboardX"), "wandb": ("wandb",)}
 #: sharded setups: their weights and optimizer state are split across processes, which our checkpoints do not gather
 UNSUPPORTED_DISTRIBUTED = (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM)
-
-
-class TrainingDivergedError(RuntimeError):
-    """The loss, the gradient norm or the parameters became NaN or infinite. The non-finite update
-    is not applied to any checkpoint, and the error names the newest checkpoint whose saved weights are
-    finite (read back from disk), or says to start again if there is none."""
 
 
 @dataclass
@@ -131,14 +107,21 @@ def build_icl_model(args: ICLTrainingArguments, task: TaskFamily) -> torch.nn.Mo
     return build_model(args.model_type, args.model_size, args.attn_implementation, **args.model_config_fields(task))
 
 
-class ICLTrainer:
-    """Train ``args.model_type`` on ``args.task``; see :class:`ICLTrainingArguments` for every knob."""
+class ICLTrainer(ResumeRules):
+    """Train ``args.model_type`` on ``args.task``; see :class:`ICLTrainingArguments` for every knob. One seed:
+    ``seeds > 1`` is :class:`~hf_icl.training.seed_stack.SeedStackTrainer`'s (:func:`hf_icl.training.train` picks)."""
 
     def __init__(self, args: ICLTrainingArguments, model: torch.nn.Module | None = None):
         args.validate()
+        if args.seeds != 1:
+            raise ValueError(
+                f"ICLTrainer trains one seed, got seeds={args.seeds}: train several with "
+                "hf_icl.training.SeedStackTrainer (hf_icl.training.train picks the trainer)"
+            )
         check_environment(args)
-        self.args = args
-        self.output_dir = Path(args.output_dir)
+        self.args = self.run_args = args  # run_args: whose command line restarts the run (the stack's, for a seed)
+        self.output_dir = self.checkpoint_root = Path(args.output_dir)
+        self.seed_note = ""  # " (seed S)" for one seed of a stack: errors name the seed
         self.run_name = args.run_name or self.output_dir.resolve().name
         self.hub_repo_id = self.hub_url = None
         if args.push_to_hub:  # offline, not logged in or a refused token: fail now, not after training
@@ -179,6 +162,8 @@ class ICLTrainer:
         self._last_good: Path | None = None  # the newest checkpoint this run wrote or resumed from
         self._resumed_from: tuple[int, Path] | None = None  # (step, folder) of resume_from_checkpoint
         self._writing_final = False  # writing the final model folder (after the last checkpoint)
+        self._window: list[float] = []  # the losses since the last log: the logged loss is their mean, not one step's
+        self._show = self._interactive = False  # progress lines (set by start_tracking)
 
     # -- data ------------------------------------------------------------------------------------
     def draw_batch(self, step: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,68 +193,79 @@ class ICLTrainer:
         """Train to ``args.max_steps``, resuming first if asked. The main process holds
         ``OUTPUT_DIR/train.lock`` meanwhile, and refuses an output directory that holds another run
         (unless ``overwrite_output_dir`` or ``resume_from_checkpoint``)."""
-        lock = RunLock(self.output_dir)
-        try:
-            self._on_main(lock.acquire)
-            self._on_main(self._prepare_output_dir)
-            return self._train()
-        except (OSError, SafetensorError) as err:  # the final model folder: the last checkpoint is complete
-            if not self._writing_final or isinstance(err, CheckpointSaveError):
-                raise
-            raise self._final_write_failed(err) from None
-        finally:
-            lock.release()
+        return self.run_locked(self._train, [self])
+
+    def final_write_error(self, err: BaseException) -> CheckpointSaveError | None:
+        """``err`` (an ``OSError``) as the error of writing the final model folder with its recovery command, if it
+        happened there (the last checkpoint is complete); None if it happened elsewhere."""
+        if not self._writing_final or isinstance(err, CheckpointSaveError):
+            return None
+        return self._final_write_failed(err)
 
     def _train(self) -> TrainingResult:
-        args, accelerator = self.args, self.accelerator
+        args = self.args
         self._maybe_resume()
+        self.start_tracking()
+        # A bar redraws with carriage returns: right at a terminal, megabytes of noise in a log file, which gets a
+        # plain line every logging_steps steps instead.
+        bar = tqdm(
+            total=args.max_steps,
+            initial=self.progress.step,
+            disable=not (self._show and self._interactive),
+            desc="training",
+            dynamic_ncols=True,
+        )
+        generator = torch.Generator(device=self.accelerator.device)
+        while self.progress.step < args.max_steps:
+            loss = self.train_step(generator)
+            dims, points = self.curriculum.at(self.progress.step - 1)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points, refresh=False)
+        bar.close()
+        return self.write_final_folder(self.final_evaluation())
+
+    def start_tracking(self) -> None:
+        """Start the tracker and the progress output, and put the model in training mode (after resuming)."""
+        args, accelerator = self.args, self.accelerator
         if args.report_to != "none":
             # the tracker's project directory stays OUTPUT_DIR/hf_icl (a rerun's overwrite knows it); the run's
             # name goes where each tracker shows it
             accelerator.init_trackers("hf_icl", config=args.to_dict(), init_kwargs={"wandb": {"name": self.run_name}})
-        show = not args.disable_tqdm and accelerator.is_local_main_process
-        # A bar redraws with carriage returns: right at a terminal, megabytes of noise in a log file, which gets a
-        # plain line every logging_steps steps instead.
-        interactive = sys.stderr.isatty()
-        bar = tqdm(
-            total=args.max_steps,
-            initial=self.progress.step,
-            disable=not (show and interactive),
-            desc="training",
-            dynamic_ncols=True,
-        )
-        generator = torch.Generator(device=accelerator.device)
+        self._show = not args.disable_tqdm and accelerator.is_local_main_process
+        self._interactive = sys.stderr.isatty()
         self.model.train()
-        window: list[float] = []  # the losses since the last log: the logged loss is their mean, not one step's
-        while self.progress.step < args.max_steps:
-            step = self.progress.step
-            loss = self._optimizer_step(step, generator)
-            window.append(loss)
-            self.progress.step = step + 1
+
+    def train_step(self, generator: torch.Generator) -> float:
+        """One optimizer step (:meth:`_optimizer_step`), then its logs and a due evaluation; returns its loss."""
+        args, step = self.args, self.progress.step
+        loss = self._optimizer_step(step, generator)
+        self._window.append(loss)
+        self.progress.step = step + 1
+        if self.progress.step % args.logging_steps == 0:
             dims, points = self.curriculum.at(step)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}", dims=dims, points=points, refresh=False)
-            if self.progress.step % args.logging_steps == 0:
-                mean_loss, window = sum(window) / len(window), []
-                if show and not interactive:
-                    print(
-                        f"training step {self.progress.step}/{args.max_steps}: loss {mean_loss:.4f} (mean of the "
-                        f"last {args.logging_steps} steps), dims {dims}, points {points}",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                self._log(
-                    {
-                        "train/loss": mean_loss,
-                        "train/lr": self.scheduler.get_last_lr()[0],
-                        "curriculum/dims": dims,
-                        "curriculum/points": points,
-                    }
+            mean_loss, self._window = sum(self._window) / len(self._window), []
+            if self._show and not self._interactive:
+                print(
+                    f"training step {self.progress.step}/{args.max_steps}{self.seed_note}: loss {mean_loss:.4f} "
+                    f"(mean of the last {args.logging_steps} steps), dims {dims}, points {points}",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            if args.eval_steps and self.progress.step % args.eval_steps == 0:
-                self._log(self.evaluate())
-        bar.close()
-        final_rng = capture_rng_state(accelerator.device)  # the state the next step (of an extended run) starts in
+            self._log(
+                {
+                    "train/loss": mean_loss,
+                    "train/lr": self.scheduler.get_last_lr()[0],
+                    "curriculum/dims": dims,
+                    "curriculum/points": points,
+                }
+            )
+        if args.eval_steps and self.progress.step % args.eval_steps == 0:
+            self._log(self.evaluate())
+        return loss
+
+    def final_evaluation(self) -> dict[str, float]:
+        """Evaluate the final weights (refused if their loss is not finite) and write the last checkpoint."""
+        final_rng = capture_rng_state(self.accelerator.device)  # the state the next step (of an extended run) starts in
         final_metrics = self.evaluate()
         self._log(final_metrics)
         final_loss = final_metrics.get("eval/loss")
@@ -279,6 +275,12 @@ class ICLTrainer:
             )
         if self.progress.step != self._start_step:
             self._save_checkpoint(self.progress.step, final_rng)
+        return final_metrics
+
+    def write_final_folder(self, final_metrics: dict[str, float]) -> TrainingResult:
+        """The final model folder (weights, training arguments, manifest, results, model card), the Hub push."""
+        args, accelerator = self.args, self.accelerator
+        interactive = self._interactive
         self._writing_final = True  # an OSError from here to the Hub push: the final folder could not be written
         model = accelerator.unwrap_model(self.model)
         scaling = None
@@ -417,7 +419,7 @@ class ICLTrainer:
         if self.args.report_to != "none":
             self.accelerator.log({k: v for k, v in values.items() if k != "step"}, step=self.progress.step)
 
-    # -- checkpoints, resume, output directory ----------------------------------------------------
+    # -- checkpoints (resume and recovery: .resume.ResumeRules) ------------------------------------
     def _save_due(self, step: int) -> bool:
         every = self.args.save_steps
         return bool(every) and step % every == 0 and step != self._start_step
@@ -434,242 +436,31 @@ class ICLTrainer:
             "history": self.history,
         }
         try:
-            self._last_good = save_checkpoint(
-                self.accelerator,
-                self.output_dir,
-                step,
-                model=self.model,
-                optimizer=self.optimizer,
-                scheduler=self.scheduler,
-                trainer_state=trainer_state,
-                rng_state=rng_state,
-                training_args=self.args.to_dict(),
-                save_total_limit=self.args.save_total_limit,
-            )
+            self._last_good = self.write_checkpoint(step, rng_state, trainer_state)
         except CheckpointSaveError as err:
             raise self._save_failed(err) from None
         return self._last_good
 
-    def _recovery_checkpoint(self, before: int) -> Path | None:
-        """The newest checkpoint (under output_dir, or the one this run resumed from) of a step ``<= before``
-        whose weights on disk are all finite; None if there is none."""
-        extra = (self._resumed_from,) if self._resumed_from is not None else ()
-        return newest_finite_checkpoint(self.output_dir, before=before, extra=extra)
-
-    def _save_failed(self, err: CheckpointSaveError) -> CheckpointSaveError:
-        """One error, one recovery command: the newest good checkpoint to resume from, or start again."""
-        advice = self._recovery_advice(
-            err.step - 1,
-            err.errno,
-            "No earlier checkpoint exists",
-            "Earlier checkpoints are intact",
-            "resume from the newest one",
-        )
-        return CheckpointSaveError(f"{err} (the partial checkpoint was removed). {advice}", step=err.step, cause=err)
-
-    def _recovery_advice(self, before: int, error_number: int | None, none: str, intact: str, action: str) -> str:
-        """The one recovery command after a failed write: resume from the newest finite checkpoint at or before
-        ``before``, or start again."""
-        good = self._recovery_checkpoint(before=before)
-        fix = self._write_fix(error_number)
-        if good is None:
-            return f"{none}; {fix}, start again: {self.args.command_line()}"
-        return f"{intact}; {fix}, {action}: {self.args.command_line(resume_from_checkpoint=str(good))}"
-
-    def _final_write_failed(self, err: BaseException) -> CheckpointSaveError:
-        """Writing the final model folder failed after the last checkpoint was saved: resume from that checkpoint
-        (the run is finished there; resuming only writes the final model and results)."""
-        cause, step = as_os_error(err), self.progress.step
-        what = f"could not write the final model of step {step} to {self.output_dir}: {cause.strerror or cause}"
-        what += f" [errno {cause.errno}: {errno.errorcode.get(cause.errno, '?')}]" if cause.errno else ""
-        advice = self._recovery_advice(
+    def write_checkpoint(self, step: int, rng_state: dict, trainer_state: dict) -> Path:
+        """Write the checkpoint of ``step`` (weights checked finite by the caller); returns its folder."""
+        return save_checkpoint(
+            self.accelerator,
+            self.output_dir,
             step,
-            cause.errno,
-            "No checkpoint of this run exists",
-            "Its last checkpoint is complete",
-            "finish the run from it",
-        )
-        return CheckpointSaveError(f"{what}. {advice}", step=step, cause=cause)
-
-    def _start_again(self, how: str = "start again") -> str:
-        """How to start again: in an output_dir that holds (unusable) checkpoints, only with overwrite_output_dir."""
-        if list_checkpoints(self.output_dir):
-            return f"{how} (overwrite_output_dir=True: it removes the unusable checkpoints in output_dir)"
-        return how
-
-    def _write_fix(self, code: int | None) -> str:
-        if code in (errno.ENOSPC, errno.EDQUOT):
-            return "after freeing space"
-        if code in (errno.EACCES, errno.EPERM, errno.EROFS):
-            return f"after making {self.output_dir} writable"
-        return "after fixing the cause"
-
-    def _diverged(self, step: int, problem: str) -> TrainingDivergedError:
-        args = self.args
-        good = self._recovery_checkpoint(before=step)
-        if good is None:
-            advice = f"No checkpoint of this run has finite weights: {self._start_again()}"
-        else:
-            advice = (
-                f"The newest checkpoint whose saved weights are finite (read back from disk) is {good}: "
-                f"resume from it (resume_from_checkpoint={str(good)!r})"
-            )
-        remedies = f"a lower learning_rate (now {args.learning_rate:g}) or max_grad_norm (now {args.max_grad_norm:g}"
-        remedies += "; 0 is off)" if args.max_grad_norm else ", off)"
-        if args.mixed_precision != "no":
-            remedies += f", or {args.mixed_precision}=False"
-        return TrainingDivergedError(f"training diverged at step {step}: {problem}. {advice} with {remedies}.")
-
-    def _on_main(self, action) -> None:
-        """Run ``action`` on the main process only; an error there stops every process."""
-        accelerator, error = self.accelerator, None
-        if accelerator.is_main_process:
-            try:
-                action()
-            except Exception as err:  # re-raised below, after the other processes have heard of it
-                error = err
-        if accelerator.num_processes > 1:
-            message = [None if error is None else f"{error}"]
-            broadcast_object_list(message, from_process=0)
-            if error is None and message[0] is not None:
-                raise OutputDirError(f"stopped by the main process: {message[0]}")
-        if error is not None:
-            raise error
-
-    def _prepare_output_dir(self) -> None:
-        """Refuse an output directory that holds another run, unless overwriting (remove it) or resuming."""
-        args = self.args
-        if args.overwrite_output_dir:
-            if args.resume_from_checkpoint is not None:
-                target, root = Path(args.resume_from_checkpoint).resolve(), self.output_dir.resolve()
-                if target == root or root in target.parents:
-                    raise OutputDirError(
-                        f"overwrite_output_dir=True would delete resume_from_checkpoint={args.resume_from_checkpoint!r}"
-                        f", which lies inside output_dir {str(self.output_dir)!r}; pass one of the two"
-                    )
-            removed = remove_run(self.output_dir)
-            if removed:
-                warnings.warn(
-                    f"overwrite_output_dir: removed the previous run's {removed} from {self.output_dir}", stacklevel=2
-                )
-            return
-        found = existing_run(self.output_dir)
-        if found and args.resume_from_checkpoint is None:
-            raise OutputDirError(
-                f"output_dir {str(self.output_dir)!r} holds another run ({', '.join(found)}); pass "
-                "overwrite_output_dir=True to replace it, resume_from_checkpoint='latest' to continue it, "
-                "or choose another output_dir"
-            )
-
-    def _maybe_resume(self) -> None:
-        target = self.args.resume_from_checkpoint
-        if target is None:
-            return
-        path = latest_checkpoint(self.output_dir) if target == "latest" else Path(target)
-        if path is None or not path.is_dir():
-            looked = path if path is not None else self.output_dir / "checkpoints" / "step-*"
-            raise ValueError(f"resume_from_checkpoint={target!r}: no checkpoint found (looked for {looked})")
-        accelerator, main = self.accelerator, self.accelerator.is_main_process
-        self._refuse_non_finite(path, target)
-        required = (*REQUIRED_FILES, f"{SCALER}.json") if accelerator.scaler is not None else REQUIRED_FILES
-        manifest, unlisted = verify_checkpoint(path, required)
-        if unlisted and main:
-            warnings.warn(
-                f"checkpoint {path}: ignoring files that manifest.json does not list: {unlisted}", stacklevel=2
-            )
-        changes = self._resume_changes(path, manifest["training_args"])
-        step = manifest["step"]
-        if step > self.args.max_steps:
-            raise ValueError(
-                f"max_steps must be at least the step of resume_from_checkpoint={str(path)!r} ({step}), "
-                f"got {self.args.max_steps}"
-            )
-        trainer_state, rng_state = load_checkpoint(
-            path, manifest, accelerator, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
-        )
-        if trainer_state.get("step") != step:
-            raise CheckpointError(
-                f"checkpoint {path}: trainer_state.json has step {trainer_state.get('step')!r}, manifest.json {step}"
-            )
-        if rng_state is not None:
-            restore_rng_state(
-                rng_state, accelerator.device, f"checkpoint {path}: {rng_state_name(accelerator.process_index)}"
-            )
-        elif main:
-            warnings.warn(
-                f"checkpoint {path} has no random state for process {accelerator.process_index} (it was written by "
-                f"{trainer_state.get('num_processes')} processes): this process keeps its freshly seeded generators",
-                stacklevel=2,
-            )
-        history = trainer_state.get("history", [])
-        self.history = [dict(record) for record in history if isinstance(record, dict)]
-        self.progress.step = self._start_step = step
-        self._last_good = path
-        self._resumed_from = (step, path)
-        self._apply_resume_changes(changes)
-        if changes and main:
-            listed = ", ".join(f"{name} {old!r} → {new!r}" for name, (old, new) in changes.items())
-            warnings.warn(f"resuming {path} at step {step} with changed arguments (applied): {listed}", stacklevel=2)
-
-    def _refuse_non_finite(self, path: Path, target: str) -> None:
-        """Refuse a checkpoint whose weights hold NaN or infinity (read from disk), naming the newest one that
-        does not (or saying to start again). Weights that cannot be read are left to the manifest check."""
-        try:
-            bad = non_finite_weight(path)
-        except CheckpointError:
-            return
-        if bad is None:
-            return
-        good = newest_finite_checkpoint(self.output_dir)
-        if good is None:
-            again = self._start_again("start again without resume_from_checkpoint")
-            advice = f"no checkpoint under output_dir has finite weights: {again}"
-        else:
-            advice = (
-                f"the newest checkpoint with finite weights is {good}: resume from it "
-                f"(resume_from_checkpoint={str(good)!r})"
-            )
-        raise CheckpointError(
-            f"resume_from_checkpoint={target!r}: checkpoint {path} holds non-finite weights (NaN or infinity in "
-            f"{bad}), training from it would diverge at once; {advice}"
+            **self.checkpoint_state(trainer_state, rng_state),
+            training_args=self.args.to_dict(),
+            save_total_limit=self.args.save_total_limit,
         )
 
-    def _resume_changes(self, path: Path, saved: dict) -> dict[str, tuple]:
-        """The arguments that differ from the checkpoint's: refuse (one ValueError listing them all) unless
-        every one may change on resume; return the changes (``name: (old, new)``) otherwise."""
-        saved = upgrade_names(saved, f"checkpoint {path}")  # a checkpoint of an earlier version
-        current, absent = self.args.to_dict(), "<absent>"
-        differing = {
-            name: (saved.get(name, absent), current.get(name, absent))
-            for name in sorted(set(saved) | set(current))
-            if saved.get(name, absent) != current.get(name, absent)
+    def checkpoint_state(self, trainer_state: dict, rng_state: dict) -> dict:
+        """What a checkpoint holds of this run: model, optimizer, scheduler, trainer state and random state."""
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "trainer_state": trainer_state,
+            "rng_state": rng_state,
         }
-        refused = {name: change for name, change in differing.items() if name not in RESUMABLE_CHANGES}
-        if refused:
-            listed = ", ".join(f"{name} {old!r} → {new!r}" for name, (old, new) in refused.items())
-            raise ValueError(
-                f"cannot resume from {path}: these training arguments differ from the checkpoint's: {listed}. "
-                f"Only {', '.join(RESUMABLE_CHANGES)} may change on resume; set the others back, or start a new run "
-                "in another output_dir"
-            )
-        return {name: change for name, change in differing.items() if name != "resume_from_checkpoint"}
-
-    def _apply_resume_changes(self, changes: dict[str, tuple]) -> None:
-        """A new learning_rate becomes the schedule's base; a new max_steps reshapes the schedule
-        (built for it in __init__) from the resumed step on; max_grad_norm and cadences are read live."""
-        if "learning_rate" not in changes and "max_steps" not in changes:
-            return
-        scheduler = self.scheduler
-        if "learning_rate" in changes:
-            scheduler.base_lrs = [self.args.learning_rate for _ in scheduler.base_lrs]
-            for group in self.optimizer.param_groups:
-                group["initial_lr"] = self.args.learning_rate
-        lrs = [
-            base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas, strict=True)
-        ]
-        for group, lr in zip(self.optimizer.param_groups, lrs, strict=True):
-            group["lr"] = lr
-        scheduler._last_lr = lrs
 
 
 def _all_finite(tensors) -> bool:

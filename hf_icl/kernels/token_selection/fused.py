@@ -28,7 +28,7 @@ matmul, so scores agree to float32 rounding. Selections are therefore identical 
 within rounding of each other without being equal; exact ties (equal keys give equal scores in both) and inputs
 whose products and sums are exact (small integers, dyadic means) compare exactly (the tests pin the tie rule so).
 
-Outputs: ``keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices
+Outputs: ``token_keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices
 (B, H, Nq, W)`` int32, ascending block ids, the first ``counts[b, h, t]`` valid and the rest repeating the last of
 them (every entry a valid block id, as :func:`~hf_icl.kernels.block_sparse_reference.selected_block_indices` leaves
 them); ``counts (B, H, Nq)`` int32. ``W`` is :func:`selection_width`, a host-side bound on any row's count (no
@@ -202,7 +202,7 @@ if triton is not None:
         s_first,
         s_second,
         hop,
-        keep,
+        token_keep,
         indices,
         counts,
         group,
@@ -333,7 +333,7 @@ if triton is not None:
             kept = forced | chosen
             kept = kept | (visible & (pos < min_seq_len)[:, None])  # short prefixes stay dense
 
-        k_rows = keep + b * ks_b + h * ks_h + t.to(tl.int64) * ks_n
+        k_rows = token_keep + b * ks_b + h * ks_h + t.to(tl.int64) * ks_n
         tl.store(k_rows[:, None] + cols.to(tl.int64)[None, :] * ks_m, kept, mask=row_ok[:, None] & col_ok[None, :])
         if WRITE_INDICES:
             count = tl.sum(kept.to(tl.int32), axis=1)
@@ -532,9 +532,9 @@ def select_token_blocks_triton(
 
         >>> import torch
         >>> q = torch.randn(1, 2, 1, 32)
-        >>> keep = select_token_blocks_triton(q, None, n_keys=200, scaling=32 ** -0.5, block_size=16,
-        ...                               policy="streaming", sparsity=0.5)  # doctest: +SKIP
-        >>> keep.shape                                                      # doctest: +SKIP
+        >>> token_keep = select_token_blocks_triton(q, None, n_keys=200, scaling=32 ** -0.5, block_size=16,
+        ...                                     policy="streaming", sparsity=0.5)  # doctest: +SKIP
+        >>> token_keep.shape                                                # doctest: +SKIP
         torch.Size([1, 2, 1, 13])
     """
     args = (n_keys, block_size, policy, budget, sparsity, topk, sink_blocks, local_blocks, min_seq_len)
@@ -565,7 +565,7 @@ def select_token_blocks_triton(
         min_seq_len=min_seq_len,
     )
     device = query.device
-    keep = torch.empty(out_batch, out_heads, n_q, n_blocks, dtype=torch.bool, device=device)
+    token_keep = torch.empty(out_batch, out_heads, n_q, n_blocks, dtype=torch.bool, device=device)
     shape = (out_batch, out_heads, n_q)
     indices = torch.empty(*shape, width if return_indices else 1, dtype=torch.int32, device=device)
     counts = torch.empty(*shape if return_indices else (1, 1, 1), dtype=torch.int32, device=device)
@@ -581,7 +581,7 @@ def select_token_blocks_triton(
             first,
             second,
             hop_tensor,
-            keep,
+            token_keep,
             indices,
             counts,
             group,
@@ -604,7 +604,7 @@ def select_token_blocks_triton(
             *query.stride(),
             *first.stride(),
             *hop_tensor.stride(),
-            *keep.stride(),
+            *token_keep.stride(),
             *indices.stride(),
             *counts.stride(),
             POLICY=_POLICY_CODES["dense" if dense else policy],
@@ -620,7 +620,7 @@ def select_token_blocks_triton(
             **tiles,
         )
     full = (batch, heads, n_q)
-    keep = keep.expand(*full, n_blocks)
+    token_keep = token_keep.expand(*full, n_blocks)
     if not return_indices:
-        return keep
-    return keep, indices.expand(*full, width), counts.expand(full)
+        return token_keep
+    return token_keep, indices.expand(*full, width), counts.expand(full)

@@ -58,6 +58,7 @@ __all__ = [
     "token_block_selector",
     "select_token_blocks_fused",
     "fused_block_selector",
+    "frc_hop_matrix",
     "token_block_mass",
     "token_frc_scores",
 ]
@@ -136,7 +137,9 @@ def _hop_per_kv_head(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, s
     return _minmax(raw, lower)
 
 
-def _hop_matrix(summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float, heads: int) -> torch.Tensor:
+def frc_hop_matrix(
+    summaries: tuple[torch.Tensor, ...], means: torch.Tensor, scaling: float, heads: int
+) -> torch.Tensor:
     """:func:`_hop_per_kv_head` repeated for every query head: ``(B, H, Mk, Mk)``."""
     hop = _hop_per_kv_head(summaries, means, scaling)
     return hop.repeat_interleave(heads // hop.shape[1], dim=1)
@@ -195,8 +198,8 @@ def select_token_blocks(
     :func:`selection_backend`.
 
         >>> q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
-        >>> keep = select_token_blocks(q, k, scaling=8**-0.5, block_size=16, policy="magnitude", sparsity=0.5)
-        >>> keep.shape, keep[0, 0, -1].tolist()  # the last token: its own block, the sink, one of 3 by budget
+        >>> token_keep = select_token_blocks(q, k, scaling=8**-0.5, block_size=16, policy="magnitude", sparsity=0.5)
+        >>> token_keep.shape, token_keep[0, 0, -1].tolist()  # the last token: own block, sink, one of 3 by budget
         (torch.Size([1, 2, 40, 3]), [True, False, True])
     """
     rule = {
@@ -254,7 +257,7 @@ def token_block_selector(
     @functools.cache
     def hop():  # the hop probes blocks with their mean keys; the "mean" score already computed them
         means = summaries()[0] if score == "mean" else key_block_summaries(keys, block_size, "mean")[0]
-        return _hop_matrix(summaries(), means, scaling, heads)
+        return frc_hop_matrix(summaries(), means, scaling, heads)
 
     def select(start: int, stop: int) -> torch.Tensor:
         q_range, pos = query[:, :, start:stop], q_pos[:, start:stop]
@@ -321,10 +324,10 @@ def apply_selection_rule(
         chosen = _top_among(mass(), candidate, remaining, max_count)
     else:
         chosen = _rank_and_pick(scores(), candidate, remaining, max_count, policy, hop, lam, magnitude_fraction)
-    keep = forced | chosen
+    token_keep = forced | chosen
     if min_seq_len > 0:  # early tokens attend densely
-        keep = keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
-    return keep.expand(batch, heads, n_q, n_blocks)
+        token_keep = token_keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
+    return token_keep.expand(batch, heads, n_q, n_blocks)
 
 
 def _rank_and_pick(scores, candidate, remaining, max_count, policy, hop, lam, fraction):

@@ -25,16 +25,16 @@ import torch
 
 from .._common import check_kernel_runnable, tl, triton
 from .triton_forward import (
-    _dot,
-    _forward,
-    _item_block,
-    _item_launch,
-    _item_range,
-    _item_rows,
-    _key_block,
-    _load_rows,
-    _scores,
     backward_tiles,
+    item_block,
+    item_launch,
+    item_range,
+    item_rows,
+    key_block,
+    launch_forward,
+    load_rows,
+    masked_scores,
+    tile_dot,
     validate_token_sparse,
 )
 from .triton_pairs import PairList
@@ -94,31 +94,31 @@ if triton is not None:
         HAS_LENGTHS: tl.constexpr,
     ):
         """One work item: gradients of up to ``BLOCK_M`` pairs of one KV block, added atomically. The parameters
-        from ``order`` to ``sl_b`` are the forward kernel's (:func:`.triton_forward._item_launch` gives both)."""
-        start, end = _item_range(item_start, item_end)
+        from ``order`` to ``sl_b`` are the forward kernel's (:func:`.triton_forward.item_launch` gives both)."""
+        start, end = item_range(item_start, item_end)
         if start >= end:  # a surplus program of the upper-bound grid
             return
-        b, hk, j, kv_row = _item_block(item_kvb, mk, kv_heads)
-        row_ok, _, t, h = _item_rows(order, start, end, heads, n_q, width, BLOCK_M)
+        b, hk, j, kv_row = item_block(item_kvb, mk, kv_heads)
+        row_ok, _, t, h = item_rows(order, start, end, heads, n_q, width, BLOCK_M)
         token = (b * heads + h) * n_q + t  # row of the contiguous (B, H, Nq) lse / delta / dq
         cols = tl.arange(0, BLOCK_D)
-        q_tile = _load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
-        do_tile = _load_rows(dout + b * sdo_b, h * sdo_h + t * sdo_t, row_ok, cols, sdo_d, UPCAST_DOT)
+        q_tile = load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
+        do_tile = load_rows(dout + b * sdo_b, h * sdo_h + t * sdo_t, row_ok, cols, sdo_d, UPCAST_DOT)
         lse_rows = tl.load(lse + token, mask=row_ok, other=float("-inf"))
         delta_rows = tl.load(delta + token, mask=row_ok, other=0.0)
-        k_pos, k_ok = _key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
-        k_tile = _load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
-        v_tile = _load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
+        k_pos, k_ok = key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
+        k_tile = load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
+        v_tile = load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
 
-        s, allowed = _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)  # base-2 logits
+        s, allowed = masked_scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)  # base-2 logits
         allowed = allowed & (lse_rows > float("-inf"))[:, None]
         lse2 = tl.where(lse_rows > float("-inf"), lse_rows * 1.4426950408889634, 0.0)
         p = tl.where(allowed, tl.exp2(s - lse2[:, None]), 0.0)  # final probabilities, float32
         dp = tl.dot(do_tile, tl.trans(v_tile), input_precision="ieee")
         ds = p * (dp - delta_rows[:, None])
-        dv_blk = _dot(p, do_tile, True)
-        dk_blk = _dot(ds, q_tile, True) * scaling
-        dq_rows = _dot(ds, k_tile, False) * scaling
+        dv_blk = tile_dot(p, do_tile, True)
+        dk_blk = tile_dot(ds, q_tile, True) * scaling
+        dq_rows = tile_dot(ds, k_tile, False) * scaling
 
         tl.atomic_add(dq + token[:, None] * BLOCK_D + cols[None, :], dq_rows, mask=row_ok[:, None], sem="relaxed")
         kv_rows = (kv_row * n_k + k_pos)[:, None] * BLOCK_D + cols[None, :]  # contiguous (B, Hk, Nk, D)
@@ -154,7 +154,7 @@ def _backward(
     dq = torch.zeros(batch, heads, n_q, head_dim, dtype=torch.float32, device=device)
     dk = torch.zeros(batch, kv_heads, n_k, head_dim, dtype=torch.float32, device=device)
     dv = torch.zeros(batch, kv_heads, n_k, head_dim, dtype=torch.float32, device=device)
-    grid, operands, options = _item_launch(
+    grid, operands, options = item_launch(
         _token_sparse_bwd_kernel, backward_tiles, q, k, v, pairs, width, block_size, scaling, q_offset, lengths
     )
     _token_sparse_bwd_kernel[grid](
@@ -168,7 +168,7 @@ class _TokenSparseAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, indices, counts, lengths, block_size, scaling, q_offset):
-        out, lse, pairs = _forward(
+        out, lse, pairs = launch_forward(
             q, k, v, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset, lengths=lengths
         )
         ctx.save_for_backward(q, k, v, out, lse, pairs.order, pairs.bounds, lengths)

@@ -242,25 +242,25 @@ def validate_token_sparse(
 
 _token_sparse_fwd_kernel = None
 _token_sparse_merge_kernel = None
-_item_range = None
-_item_block = None
-_item_rows = None
-_load_rows = None
-_key_block = None
-_scores = None
-_dot = None
+item_range = None
+item_block = None
+item_rows = None
+load_rows = None
+key_block = None
+masked_scores = None
+tile_dot = None
 
 if triton is not None:
     # Helpers shared by the forward and backward work-item kernels (:mod:`.triton_backward` imports them).
 
     @triton.jit
-    def _item_range(item_start, item_end):
+    def item_range(item_start, item_end):
         """This program's work item: the first and one-past-last positions of its pairs in the sorted order."""
         item = tl.program_id(0)
         return tl.load(item_start + item), tl.load(item_end + item)
 
     @triton.jit
-    def _item_block(item_kvb, mk, kv_heads):
+    def item_block(item_kvb, mk, kv_heads):
         """The work item's KV block: ``(b, hk, j)`` and its KV row ``b * Hk + hk``."""
         kvb = tl.load(item_kvb + tl.program_id(0))
         j = kvb % mk
@@ -268,7 +268,7 @@ if triton is not None:
         return kv_row // kv_heads, kv_row % kv_heads, j, kv_row
 
     @triton.jit
-    def _item_rows(order, start, end, heads, n_q, width, BLOCK_M: tl.constexpr):
+    def item_rows(order, start, end, heads, n_q, width, BLOCK_M: tl.constexpr):
         """The work item's pairs: which of its ``BLOCK_M`` rows are real, their pair ids, tokens and query heads."""
         rows = start + tl.arange(0, BLOCK_M)
         row_ok = rows < end
@@ -278,7 +278,7 @@ if triton is not None:
         return row_ok, pid, t, h
 
     @triton.jit
-    def _load_rows(base, row_offsets, row_ok, cols, stride_d, UPCAST: tl.constexpr):
+    def load_rows(base, row_offsets, row_ok, cols, stride_d, UPCAST: tl.constexpr):
         """The tile ``base[row_offsets + cols * stride_d]`` (0 in rows not ok); float32 with ``UPCAST``."""
         tile = tl.load(base + row_offsets[:, None] + cols[None, :] * stride_d, mask=row_ok[:, None], other=0.0)
         if UPCAST:
@@ -286,7 +286,7 @@ if triton is not None:
         return tile
 
     @triton.jit
-    def _key_block(lengths, b, j, n_k, sl_b, BS: tl.constexpr, HAS_LENGTHS: tl.constexpr):
+    def key_block(lengths, b, j, n_k, sl_b, BS: tl.constexpr, HAS_LENGTHS: tl.constexpr):
         """Key positions of block ``j`` and which of them are real (before ``Nk`` and the row's length)."""
         k_pos = j * BS + tl.arange(0, BS)
         if HAS_LENGTHS:
@@ -296,14 +296,14 @@ if triton is not None:
         return k_pos, k_pos < key_end
 
     @triton.jit
-    def _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_pos):
+    def masked_scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_pos):
         """``S = q·kᵀ·qk_scale`` (float32, base-2 logits) and the mask of allowed (real, causal) entries."""
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale
         allowed = row_ok[:, None] & k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None])
         return s, allowed
 
     @triton.jit
-    def _dot(a, b, TRANS_A: tl.constexpr):
+    def tile_dot(a, b, TRANS_A: tl.constexpr):
         """``a·b`` (``aᵀ·b`` with ``TRANS_A``), ``a`` (float32) cast to ``b``'s dtype first: native fp16 / bf16
         operands with float32 accumulation, or float32 throughout (then the cast is a no-op, as under UPCAST_DOT)."""
         a = a.to(b.dtype)
@@ -351,24 +351,24 @@ if triton is not None:
         HAS_LENGTHS: tl.constexpr,
     ):
         """One work item: up to ``BLOCK_M`` pairs of one KV block → their normalised partial outputs and LSEs."""
-        start, end = _item_range(item_start, item_end)
+        start, end = item_range(item_start, item_end)
         if start >= end:  # a surplus program of the upper-bound grid
             return
-        b, hk, j, _ = _item_block(item_kvb, mk, kv_heads)
-        row_ok, pid, t, h = _item_rows(order, start, end, heads, n_q, width, BLOCK_M)
+        b, hk, j, _ = item_block(item_kvb, mk, kv_heads)
+        row_ok, pid, t, h = item_rows(order, start, end, heads, n_q, width, BLOCK_M)
         cols = tl.arange(0, BLOCK_D)
-        q_tile = _load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
-        k_pos, k_ok = _key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
-        k_tile = _load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
-        v_tile = _load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
+        q_tile = load_rows(q + b * sq_b, h * sq_h + t * sq_t, row_ok, cols, sq_d, UPCAST_DOT)
+        k_pos, k_ok = key_block(lengths, b, j, n_k, sl_b, BS, HAS_LENGTHS)
+        k_tile = load_rows(k + b * sk_b + hk * sk_h, k_pos * sk_n, k_ok, cols, sk_d, UPCAST_DOT)
+        v_tile = load_rows(v + b * sv_b + hk * sv_h, k_pos * sv_n, k_ok, cols, sv_d, UPCAST_DOT)
 
-        s, allowed = _scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)
+        s, allowed = masked_scores(q_tile, k_tile, qk_scale, row_ok, k_ok, k_pos, q_offset + t)
         s = tl.where(allowed, s, float("-inf"))
         m = tl.max(s, axis=1)
         m_use = tl.where(m == float("-inf"), 0.0, m)  # a row with no key: exp2(-inf - 0) = 0, no NaN
         p = tl.exp2(s - m_use[:, None])
         l_sum = tl.sum(p, axis=1)
-        o = _dot(p, v_tile, False)
+        o = tile_dot(p, v_tile, False)
         seen = l_sum > 0
         l_safe = tl.where(seen, l_sum, 1.0)
         o = o / l_safe[:, None]
@@ -455,7 +455,7 @@ def _lengths_operand(lengths: torch.Tensor | None, q: torch.Tensor) -> torch.Ten
     return lengths
 
 
-def _item_launch(
+def item_launch(
     kernel,
     tiles_for,
     q: torch.Tensor,
@@ -490,7 +490,7 @@ def _item_launch(
     return (items.n_items,), operands, options
 
 
-def _forward(
+def launch_forward(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -513,7 +513,7 @@ def _forward(
     n_pairs = batch * heads * n_q * width
     partial_o = torch.empty(n_pairs, head_dim, dtype=torch.float32, device=device)
     partial_lse = torch.full((n_pairs,), float("-inf"), dtype=torch.float32, device=device)
-    grid, operands, options = _item_launch(
+    grid, operands, options = item_launch(
         _token_sparse_fwd_kernel, forward_tiles, q, k, v, pairs, width, block_size, scaling, q_offset, lengths
     )
     _token_sparse_fwd_kernel[grid](q, k, v, partial_o, partial_lse, *operands, **options)
@@ -559,7 +559,7 @@ def token_sparse_forward_triton(
             q, k, v, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset, lengths=lengths
         )
     check_kernel_runnable(_token_sparse_fwd_kernel, q, "token_sparse_forward_triton")
-    out, lse, _ = _forward(
+    out, lse, _ = launch_forward(
         q, k, v, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset, lengths=lengths
     )
     return out, lse

@@ -302,6 +302,8 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
         self.blocks = nn.ModuleList(GDTransformerBlock(config) for _ in range(config.n_blocks))
         self.post_init()
 
+    # Copied from GPT2ForInContextRegression.forward
+    #   (signature: xs, ys, loss_positions, output_hidden_states, output_attentions)
     def forward(
         self,
         xs: torch.Tensor,

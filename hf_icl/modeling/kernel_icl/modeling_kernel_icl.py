@@ -146,6 +146,8 @@ class KernelICLForInContextRegression(KernelICLPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    # Copied from GPT2ForInContextRegression.forward
+    #   (signature: xs, ys, loss_positions, output_attentions)
     def forward(
         self,
         xs: torch.Tensor,

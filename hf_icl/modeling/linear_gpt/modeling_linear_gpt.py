@@ -445,6 +445,8 @@ class LinearGPTForInContextRegression(LinearGPTPreTrainedModel):
         self.head.read_out.is_icl_io_layer = True
         self.post_init()
 
+    # Copied from GPT2ForInContextRegression.forward
+    #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
     def forward(
         self,
         xs: torch.Tensor,

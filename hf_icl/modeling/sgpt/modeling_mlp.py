@@ -78,6 +78,8 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
         self.head = ICLHead(head_width, config.target_kind, config.n_classes)
         self.post_init()
 
+    # Copied from GPT2ForInContextRegression.forward
+    #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
     def forward(
         self,
         xs: torch.Tensor,

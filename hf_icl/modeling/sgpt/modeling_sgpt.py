@@ -228,6 +228,8 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
         self.head = ICLHead(config.n_embd, config.target_kind, config.n_classes)
         self.post_init()
 
+    # Copied from GPT2ForInContextRegression.forward
+    #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
     def forward(
         self,
         xs: torch.Tensor,
