@@ -1,6 +1,6 @@
 """`hf-icl reproduce sgpt EXPERIMENT` as a script: `python scripts/reproduce_sgpt.py fig1 [--full] ...`.
 
-The experiments live in hf_icl/reproduce/sgpt.py; `--help` lists them and their flags.
+The experiments live in hf_icl/reproduce/sgpt/; `--help` lists them and their flags.
 """
 
 import sys

@@ -416,7 +416,7 @@ KERNEL_ROWS = [
     row(
         "forward-backend",
         lambda: block_sparse_attention_forward(*qkv(), keep(), block_size=16, scaling=0.2, backend="cuda"),
-        ["backend", "cuda", "reference"],
+        ["backend", "cuda", "torch"],
     ),
     row(
         "forward-key-padding",
@@ -1055,7 +1055,7 @@ def test_valid_xgboost_parameters_still_fit():
 
 def test_kernels_accept_numpy_scaling():
     q, k, v = qkv()
-    out = block_sparse_flash_attention(q, k, v, keep(), block_size=16, scaling=np.float32(0.2), backend="reference")
+    out = block_sparse_flash_attention(q, k, v, keep(), block_size=16, scaling=np.float32(0.2), backend="torch")
     torch.testing.assert_close(out, block_sparse_flash_attention(q, k, v, keep(), block_size=16, scaling=0.2))
 
 

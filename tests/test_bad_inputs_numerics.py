@@ -20,7 +20,6 @@ from torch import nn
 from hf_icl.data.tasks import get_task
 from hf_icl.estimators import RandomFourierFeatures
 from hf_icl.evaluation import evaluate_context_scaling
-from hf_icl.kernels.row_kernels import dot_product_scores, ga_scores, row_kernel_scores
 from hf_icl.modeling import build_model
 from hf_icl.modeling.gd_transformer import (
     GDTransformerForInContextClassification,
@@ -28,6 +27,7 @@ from hf_icl.modeling.gd_transformer import (
     functional_gd_logits,
 )
 from hf_icl.modeling.prompts import check_prompt
+from hf_icl.similarity.row_kernels import dot_product_scores, ga_scores, row_kernel_scores
 
 D, N, B, C = 3, 8, 2, 3
 POS = 5  # where the extreme entry goes: positions 0..4 must not see it

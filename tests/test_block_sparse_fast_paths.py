@@ -313,7 +313,7 @@ def check_gradients(q, k, v, keep, bs: int, q_offset: int = 0, **kwargs):
     settings = {"block_size": bs, "scaling": q.shape[3] ** -0.5, "q_offset": q_offset}
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(3)).to(q.dtype).to(q.device)
     actual = _grads(q, k, v, keep, dout, "triton", **settings, **kwargs)
-    expected = _grads(q.float(), k.float(), v.float(), keep, dout.float(), "reference", **settings)
+    expected = _grads(q.float(), k.float(), v.float(), keep, dout.float(), "torch", **settings)
     tol = GRAD_TOL[q.dtype]
     for name, got, want, like in zip(("out", "dq", "dk", "dv"), actual, expected, (q, q, k, v), strict=True):
         assert got.dtype == like.dtype and got.shape == like.shape, name
@@ -352,7 +352,7 @@ def test_gradients_with_part_of_a_group_per_program_and_heads_that_differ():
         q, k, v, out, lse, dout, shared, tiles=TileConfig(block_n=16, heads_per_program=2), **settings
     )
     whole = block_sparse_attention_backward_triton(q, k, v, out, lse, dout, shared, **settings)
-    expected = _grads(q, k, v, shared, dout, "reference", **settings)[1:]
+    expected = _grads(q, k, v, shared, dout, "torch", **settings)[1:]
     for got_half, got_whole, want in zip(halves, whole, expected, strict=True):
         torch.testing.assert_close(got_half, want, atol=1e-5, rtol=1e-4)
         torch.testing.assert_close(got_whole, want, atol=1e-5, rtol=1e-4)
@@ -368,7 +368,7 @@ def test_gradients_key_padding_and_broadcast_selection():
     settings = {"block_size": 16, "scaling": 32**-0.5}
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(5)).to(DEVICE)
     actual = _grads(q, k, v, keep, dout, "triton", key_padding_mask=mask, **settings)
-    expected = _grads(q, k, v, keep, dout, "reference", key_padding_mask=mask, **settings)
+    expected = _grads(q, k, v, keep, dout, "torch", key_padding_mask=mask, **settings)
     for got, want in zip(actual, expected, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4)
 

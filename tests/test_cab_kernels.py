@@ -24,7 +24,7 @@ def _with_backend(model, backend, **overrides):
 
 def _pair(build, **overrides):
     """The same random model twice: one on the kernels, one on the PyTorch path."""
-    return _with_backend(build(), "triton", **overrides), _with_backend(build(), "reference", **overrides)
+    return _with_backend(build(), "triton", **overrides), _with_backend(build(), "torch", **overrides)
 
 
 @needs_triton
@@ -139,7 +139,7 @@ def test_backend_field_is_validated():
 ROUTE_TABLE = [
     # (overrides, call) → route, words of the reason
     (dict(), dict(device="cpu"), "torch", "tensors on cpu"),
-    (dict(backend="reference"), dict(device="cuda"), "torch", "cab_backend='reference'"),
+    (dict(backend="torch"), dict(device="cuda"), "torch", "cab_backend='torch'"),
     (dict(), dict(device="cuda"), "triton_prefill", None),
     (dict(policy="hybrid"), dict(device="cuda"), "triton_prefill", None),
     (dict(), dict(device="cuda", n_q=1), "triton_decode", None),
@@ -197,7 +197,7 @@ def test_kernel_route_equals_the_pytorch_route(policy, budget, padded, ranges, m
         key_valid[1, -5:] = False
         mask = _padding_mask(key_valid).to(DEVICE)
     results = []
-    for backend in ("triton", "reference"):
+    for backend in ("triton", "torch"):
         module = _module(backend=backend, policy=policy, sparsity=0.6, budget=budget, topk=2)
         out, _ = cab_attention_forward(module, q, k, v, mask)
         grads = torch.autograd.grad(
@@ -209,7 +209,7 @@ def test_kernel_route_equals_the_pytorch_route(policy, budget, padded, ranges, m
 
 
 @needs_triton
-@pytest.mark.parametrize("backend", ["reference", "triton"])
+@pytest.mark.parametrize("backend", ["torch", "triton"])
 def test_the_selection_alone_runs_range_by_range_as_the_call_does(backend, monkeypatch):
     """run_selection_only (what the benchmark times as the selection's share) asks the same selector for the same
     ranges as the attention call: the fused lists per kernel range, the PyTorch rule per executor range."""

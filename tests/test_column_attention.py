@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from hf_icl.kernels.column_attention import column_mixing_weights, mix_columns, prefix_column_mixing_weights
+from hf_icl.similarity.column_attention import column_mixing_weights, mix_columns, prefix_column_mixing_weights
 
 PARAMS = {"beta1": 3.0, "beta2": 1.5, "diag_bias": 0.7, "wedge_mu": 0.3}  # away from the defaults
 

@@ -31,12 +31,13 @@ def imported_hf_icl_modules(path, package_root) -> list[str]:
 
 
 def test_layers_import_only_downward():
-    # kernels → attention → modeling → training / evaluation → reproduce → cli: no layer imports one above it
+    # kernels, similarity → attention → modeling → training / evaluation → reproduce → cli: none imports a layer above
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "hf_icl"
     above = {
         "kernels": {"attention", "modeling", "training", "evaluation", "reproduce", "cli", "quickstart"},
+        "similarity": {"attention", "modeling", "training", "evaluation", "reproduce", "cli", "quickstart"},
         "attention": {"modeling", "training", "evaluation", "reproduce", "cli", "quickstart"},
         "modeling": {"training", "evaluation", "reproduce", "cli", "quickstart"},
         "training": {"reproduce", "cli", "quickstart"},

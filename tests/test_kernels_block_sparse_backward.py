@@ -1,7 +1,7 @@
 """Block-sparse attention backward kernels: Triton dq / dk / dv vs. autograd through the PyTorch reference.
 
 Every kernel test runs :func:`block_sparse_flash_attention` with ``backend="triton"`` (Triton forward + backward) and
-compares the output and the three gradients with autograd through ``backend="reference"`` on fp32 CPU copies of the
+compares the output and the three gradients with autograd through ``backend="torch"`` on fp32 CPU copies of the
 same inputs, with the same upstream gradient. Under ``TRITON_INTERPRET=1`` the shapes stay tiny (B * H <= 4,
 N <= 80).
 """
@@ -44,7 +44,7 @@ def _expected(q, k, v, keep, dout, key_padding_mask=None, **kwargs) -> list[torc
     """The ground truth: autograd through the reference on fp32 CPU copies, moved back to the test device."""
     cpu = [x.detach().float().cpu() for x in (q, k, v, dout)]
     mask = None if key_padding_mask is None else key_padding_mask.cpu()
-    results = _out_and_grads(*cpu[:3], keep.cpu(), cpu[3], backend="reference", key_padding_mask=mask, **kwargs)
+    results = _out_and_grads(*cpu[:3], keep.cpu(), cpu[3], backend="torch", key_padding_mask=mask, **kwargs)
     return [x.to(q.device) for x in results]
 
 
@@ -204,7 +204,7 @@ def test_grads_strided_inputs() -> None:
         return out.detach(), leaf.grad
 
     out, grad = base_grad("triton")
-    expected_out, expected_grad = base_grad("reference")
+    expected_out, expected_grad = base_grad("torch")
     _assert_close(out, expected_out, torch.float32)
     _assert_close(grad, expected_grad, torch.float32)
 
@@ -245,7 +245,7 @@ def test_auto_backend_on_cpu_never_calls_the_kernels(monkeypatch: pytest.MonkeyP
     dout = _upstream(q, 2)
     kwargs = {"block_size": 16, "scaling": 0.2}
     auto = _out_and_grads(q, k, v, keep, dout, backend="auto", **kwargs)
-    reference = _out_and_grads(q, k, v, keep, dout, backend="reference", **kwargs)
+    reference = _out_and_grads(q, k, v, keep, dout, backend="torch", **kwargs)
     for got, want in zip(auto, reference, strict=True):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
@@ -288,7 +288,7 @@ def test_flash_attention_validation_before_any_kernel() -> None:
     """The differentiable op validates its inputs on either backend (here a misaligned chunk offset)."""
     q, k, v = (x.cpu() for x in qkv(1, 1, 32, 48, 32, seed=3))
     keep = torch.ones(1, 1, 2, 3, dtype=torch.bool)
-    for backend in ("auto", "triton", "reference"):
+    for backend in ("auto", "triton", "torch"):
         with pytest.raises(ValueError, match="q_offset must be a multiple of block_size=16"):
             block_sparse_flash_attention(q, k, v, keep, block_size=16, scaling=0.2, q_offset=8, backend=backend)
     with pytest.raises(ValueError, match="key_padding_mask must have shape"):

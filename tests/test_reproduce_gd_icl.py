@@ -16,7 +16,7 @@ from hf_icl.modeling.gd_transformer import (
     distance_to_construction,
     functional_gd_logits,
 )
-from hf_icl.reproduce import PAPERS, gd_icl
+from hf_icl.reproduce import PAPERS, gd_icl, run_experiment
 from hf_icl.reproduce.runs import VERDICTS, Report
 
 SYNTHETIC = gd_icl.SyntheticScale(
@@ -42,7 +42,10 @@ TINY = gd_icl.Scale(seeds=(3, 4), synthetic=SYNTHETIC, features=FEATURES)
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("gd_icl")
-    paths = {e: gd_icl.run(e, output_dir=out, scale=TINY, command="test", workers=1) for e in ("synthetic", "features")}
+    paths = {
+        e: run_experiment("gd-icl", e, output_dir=out, scale=TINY, command="test", workers=1)
+        for e in ("synthetic", "features")
+    }
     return out, paths
 
 
@@ -51,7 +54,7 @@ def summary(path):
 
 
 def test_registered():
-    assert PAPERS["gd-icl"] is gd_icl
+    assert PAPERS["gd-icl"] is gd_icl.PAPER_SPEC
     assert {"synthetic", "features"} <= set(gd_icl.EXPERIMENTS)
 
 
@@ -136,7 +139,7 @@ def test_finished_runs_are_reused_not_retrained(finished, monkeypatch):
     monkeypatch.setattr(gd_icl.SeedEnsemble, "step", no_training)
     monkeypatch.setattr(gd_icl.GDConstructionEnsemble, "step", no_training)
     for experiment in ("synthetic", "features"):
-        path = gd_icl.run(experiment, output_dir=out, scale=TINY, command="test", workers=1)
+        path = run_experiment("gd-icl", experiment, output_dir=out, scale=TINY, command="test", workers=1)
         assert path.is_file()
 
 
@@ -254,7 +257,7 @@ def test_relevant_groups_are_the_heads_that_change_the_logits():
 def test_needs_more_tasks_verdicts(tmp_path, trained, expected):
     scale = gd_icl.Scale(synthetic=replace_counts((1000, 10000, 50000)))
     report = Report("gd-icl", "synthetic", "t", "tiny", "test", tmp_path)
-    ctx = gd_icl.Context(scale, tmp_path, tmp_path, report)
+    ctx = gd_icl.ExperimentState(scale, tmp_path, tmp_path, report)
     gd = gd_icl.ModelSpec("gd", "softmax", 2, 1, 0.1)
     tf = gd_icl.ModelSpec("trained", "softmax", 2, 1, 0.1)
     learned = [[2.0, 2.0]] * 3  # NLL well below chance's log 25 = 3.22
@@ -265,7 +268,7 @@ def test_needs_more_tasks_verdicts(tmp_path, trained, expected):
         tf.name: {"accuracy": [[a, a] for a in trained], "nll": [[3.2, 3.2]] * 3 if nothing else learned},
     }
     by = {("gd", "softmax", 2): gd, ("trained", "softmax", 2): tf}
-    gd_icl._needs_more_tasks_claim(ctx, by, metrics, 2, 25000, ("softmax",))
+    gd_icl.needs_more_tasks_claim(ctx, by, metrics, 2, 25000, ("softmax",))
     assert report.claims[0].verdict == expected
 
 
@@ -383,15 +386,15 @@ def test_digit_features_are_pca_of_the_training_classes_only():
 
 def test_run_rejects_mlp_steps_and_unknown_experiments():
     with pytest.raises(ValueError, match="mlp_steps"):
-        gd_icl.run("features", mlp_steps=3, scale=TINY)
+        run_experiment("gd-icl", "features", mlp_steps=3, scale=TINY)
     with pytest.raises(ValueError, match="experiment must be one of"):
-        gd_icl.run("figure9", scale=TINY)
+        run_experiment("gd-icl", "figure9", scale=TINY)
     with pytest.raises(ValueError, match="training_set must be one of"):
         gd_icl.SyntheticScale(training_set="fresh")
 
 
 def test_loss_gradient_is_the_full_batch_gradient_with_its_standard_error_over_chunks():
-    from hf_icl.reproduce.gd_icl_stationary import GIVEN, loss_gradient
+    from hf_icl.reproduce.gd_icl.stationary import GIVEN, loss_gradient
 
     torch.manual_seed(0)
     model = GDTransformerForInContextClassification.from_gd_construction(2, 0.5, "softmax", torch.randn(4, 3).double(),
@@ -418,7 +421,7 @@ def test_loss_gradient_is_the_full_batch_gradient_with_its_standard_error_over_c
 
 
 def test_the_control_is_the_construction_with_a_larger_step():
-    from hf_icl.reproduce.gd_icl_stationary import with_step_size_scaled
+    from hf_icl.reproduce.gd_icl.stationary import with_step_size_scaled
 
     W_e = torch.randn(4, 3, dtype=torch.float64)
     model = GDTransformerForInContextClassification.from_gd_construction(2, 0.4, "rbf", W_e, n_dims=2)

@@ -13,19 +13,17 @@ import torch
 
 from hf_icl.evaluation.repetition import story_tokens
 from hf_icl.evaluation.story_judge import CRITERIA
-from hf_icl.reproduce import gd_icl_stories as module
-from hf_icl.reproduce.gd_icl_stories import (
-    MODELS,
-    StoriesScale,
+from hf_icl.reproduce.gd_icl import stories_claims, stories_training
+from hf_icl.reproduce.gd_icl.stories import TITLE, stories
+from hf_icl.reproduce.gd_icl.stories_claims import (
     judge_claims,
     parameter_claims,
     perplexity_claims,
-    prepare_data,
     repetition_claim,
     repetition_metrics,
-    stories,
     story_prompts,
 )
+from hf_icl.reproduce.gd_icl.stories_training import MODELS, StoriesScale, prepare_data
 from hf_icl.reproduce.runs import VERDICTS, Report, judge
 
 TINY = StoriesScale(
@@ -50,7 +48,7 @@ JUDGE_REPLY = "Grammar: 6\nConsistency: 5\nPlot: 4\nCreativity: 3"
 
 
 def run_tiny(out: Path, **options) -> Report:
-    report = Report("gd-icl", "stories", module.TITLE, "", "test", out)
+    report = Report("gd-icl", "stories", TITLE, "", "test", out)
     stories(report, out / "runs", scale=TINY, **options)
     report.write()
     return report
@@ -153,7 +151,7 @@ def test_finished_runs_are_reused_and_retrain_trains(tiny_run, tmp_path, monkeyp
     def no_training(*args, **kwargs):
         raise AssertionError("trained again")
 
-    monkeypatch.setattr(module, "train_model", no_training)
+    monkeypatch.setattr(stories_training, "train_model", no_training)
     again = run_tiny(tmp_path)  # the same settings: every model loaded, nothing trained
     assert again.numbers["stories"]["perplexity"] == first.numbers["stories"]["perplexity"]
     assert again.numbers["stories"]["curves"] == first.numbers["stories"]["curves"]
@@ -215,7 +213,7 @@ def test_parameter_claims_arithmetic():
     assert [judge(*row[3:])[0] for row in rows] == ["holds", "does not hold"]
     rows = parameter_claims({"gd": 8192, "full_width_heads": 8192 * 1000, "gpt2_layer": 8192 * 770})
     assert [judge(*row[3:])[0] for row in rows] == ["does not hold", "holds"]  # 0.10 % and 0.1299 % (rounds to 0.13)
-    assert module.full_width_attention(512, 8) == 6_291_456
+    assert stories_claims.full_width_attention(512, 8) == 6_291_456
 
 
 @pytest.mark.parametrize(
@@ -268,7 +266,7 @@ def test_judge_claims_arithmetic():
 
 
 def test_bad_arguments(tmp_path):
-    report = Report("gd-icl", "stories", module.TITLE, "", "", tmp_path)
+    report = Report("gd-icl", "stories", TITLE, "", "", tmp_path)
     with pytest.raises(ValueError, match="steps"):
         stories(report, tmp_path, steps=0, scale=TINY)
     with pytest.raises(ValueError, match="judge must be a callable"):
@@ -293,9 +291,10 @@ def test_validation_perplexity_of_a_uniform_model_is_the_vocabulary_size():
         def forward(self, input_ids, use_cache=False):
             return type("Out", (), {"logits": self.weight + torch.zeros(*input_ids.shape, 37)})()
 
-    loss, ppl = module.validation_perplexity(Uniform(), torch.randint(37, (5, 9)), batch_size=2)
+    loss, ppl = stories_claims.validation_perplexity(Uniform(), torch.randint(37, (5, 9)), batch_size=2)
     assert loss == pytest.approx(math.log(37)) and ppl == pytest.approx(37.0)
 
 
 def test_docstring_examples_run():
-    assert doctest.testmod(module, raise_on_error=True).attempted >= 10
+    modules = (stories_claims, stories_training)
+    assert sum(doctest.testmod(m, raise_on_error=True).attempted for m in modules) >= 10

@@ -11,8 +11,10 @@ import torch
 from scipy.stats import spearmanr
 
 from hf_icl.data.tasks import get_task
-from hf_icl.reproduce import kernel_icl
+from hf_icl.reproduce import kernel_icl, run_experiment
+from hf_icl.reproduce.kernel_icl import experiments as kernel_experiments
 from hf_icl.reproduce.runs import VERDICTS, Report
+from hf_icl.reproduce.seed_ensemble import SeedEnsemble
 
 TINY = kernel_icl.Scale(
     seeds=(3, 4),
@@ -37,7 +39,7 @@ TINY = kernel_icl.Scale(
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     out = tmp_path_factory.mktemp("kernel_icl")
-    path = kernel_icl.run("all", output_dir=out, scale=TINY, command="test", workers=1)
+    path = run_experiment("kernel-icl", "all", output_dir=out, scale=TINY, command="test", workers=1)
     return out, path
 
 
@@ -111,8 +113,8 @@ def test_finished_groups_are_reused_not_retrained(finished, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a finished group was retrained")
 
-    monkeypatch.setattr(kernel_icl.SeedEnsemble, "step", no_training)
-    path = kernel_icl.run("table2", output_dir=out, scale=TINY, command="test", workers=1)
+    monkeypatch.setattr(SeedEnsemble, "step", no_training)
+    path = run_experiment("kernel-icl", "table2", output_dir=out, scale=TINY, command="test", workers=1)
     assert "## Table 2" in path.read_text()
 
 
@@ -121,8 +123,8 @@ def test_a_changed_spec_retrains_and_two_processes_train_what_one_would(finished
     each), and every worker's models equal the ones a single in-process loop trains."""
     out, _ = finished
     groups = [
-        kernel_icl.Group("head_1d", kernel_icl.model_fields(TINY, 1, "softmax", False, 100)),
-        kernel_icl.Group("head_cosine", kernel_icl.model_fields(TINY, 1, "cosine", False, 100)),
+        kernel_icl.Group("head_1d", kernel_icl.group_model_config(TINY, 1, "softmax", False, 100)),
+        kernel_icl.Group("head_cosine", kernel_icl.group_model_config(TINY, 1, "cosine", False, 100)),
     ]
     training = kernel_icl.Training({"name": "sinusoid", "n_dims": 1}, 3, 8, 4)
     runs = out / "kernel-icl" / "runs"
@@ -159,12 +161,12 @@ def test_context_query_batch_has_noisy_context_and_clean_query_targets():
     assert not torch.equal(targets[:, 7:], ys2[:, 7:])  # the noise is real (σ = 0.1)
 
 
-def _documents_context(tmp_path, **overrides) -> kernel_icl.Context:
+def _documents_context(tmp_path, **overrides) -> kernel_icl.ExperimentState:
     """A context whose tables hold the document's numbers in both of two seeds (``overrides`` replace a method's
     MSE), with trivial errors 0.5 (Table 1) and 0.9 (Table 2): no training, only the claim code."""
     scale = kernel_icl.Scale(seeds=(1, 2))
     report = Report(kernel_icl.PAPER, "test", "test", "test", "test", tmp_path)
-    ctx = kernel_icl.Context(scale, tmp_path, tmp_path / "runs", report)
+    ctx = kernel_icl.ExperimentState(scale, tmp_path, tmp_path / "runs", report)
     table1 = {name: document for name, (_, _, document) in kernel_icl.TABLE1.items()} | {"dual_ridge": 0.1713}
     table2 = {kernel_icl.grid_name(k, c): v for (k, c), v in kernel_icl.TABLE2.items()} | {"krr": kernel_icl.TABLE2_KRR}
     ctx.table1 = {k: torch.full((2,), overrides.get(k, v), dtype=torch.float64) for k, v in table1.items()}
@@ -177,7 +179,7 @@ def _documents_context(tmp_path, **overrides) -> kernel_icl.Context:
 
 
 def _verdicts(ctx) -> dict[str, str]:
-    kernel_icl._ranking_claim(ctx)
+    kernel_experiments._ranking_claim(ctx)
     kernel_icl.insights(ctx)
     return {c.claim.split(" ")[0] if c.claim[0].isdigit() else "ranking": c.verdict for c in ctx.report.claims}
 
@@ -214,14 +216,14 @@ def test_a_subject_that_fails_the_rule_makes_its_claims_not_testable(tmp_path, o
 
 @pytest.mark.parametrize("order", [[0, 1, 2, 3, 4], [4, 3, 2, 1, 0], [1, 0, 3, 2, 4]])
 def test_spearman_matches_scipy(order):
-    assert kernel_icl._spearman(list(range(5)), order) == pytest.approx(spearmanr(range(5), order).statistic)
+    assert kernel_experiments._spearman(list(range(5)), order) == pytest.approx(spearmanr(range(5), order).statistic)
 
 
 def test_pm_formats_a_missing_interval_without_nan():
-    assert kernel_icl._pm(0.5, math.nan) == "0.5000"
-    assert kernel_icl._pm(0.5, 0.01) == "0.5000 ± 0.0100"
+    assert kernel_experiments._pm(0.5, math.nan) == "0.5000"
+    assert kernel_experiments._pm(0.5, 0.01) == "0.5000 ± 0.0100"
 
 
 def test_mlp_steps_is_refused():
     with pytest.raises(ValueError, match="mlp_steps"):
-        kernel_icl.run("table1", mlp_steps=3, scale=TINY)
+        run_experiment("kernel-icl", "table1", mlp_steps=3, scale=TINY)

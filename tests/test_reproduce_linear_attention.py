@@ -113,7 +113,7 @@ def test_learned_nothing_comes_from_the_rule_the_other_checks_from_testability()
 
 def _claims_on(results, experiment, tmp_path):
     report = Report(la.PAPER, "test", "test", "toy", "test", tmp_path)
-    ctx = la.Context(TOY, tmp_path, tmp_path / "runs", report)
+    ctx = la.ExperimentState(TOY, tmp_path, tmp_path / "runs", report)
     experiment(ctx, results)
     return {c.claim: c for c in report.claims}
 
@@ -128,7 +128,7 @@ def test_one_layer_models_that_learned_nothing_make_the_failure_claim_not_testab
         for recipe in la.RECIPES
         for depth in la.DEPTHS
     }
-    claims = _claims_on(results, la._isotropic_claims, tmp_path)
+    claims = _claims_on(results, la.isotropic_claims, tmp_path)
     fail = claims["one-layer models fail at ICL: test loss above 0.7 for both"]
     assert fail.verdict == "not testable at this size"
     assert "softmax_L1 learned nothing" in fail.measured and "linear_L1 learned nothing" in fail.measured
@@ -139,7 +139,7 @@ def test_one_layer_models_that_learned_nothing_make_the_failure_claim_not_testab
     for recipe in la.RECIPES:
         results[recipe, 1] = _fake_result(recipe, 1, flat, 0.85, relative=True)
     assert all(0.7 < float(results[k, 1].final("test").mean()) for k in la.RECIPES)  # the toy trivial loss is ~0.9
-    claims = _claims_on(results, la._isotropic_claims, tmp_path / "b")
+    claims = _claims_on(results, la.isotropic_claims, tmp_path / "b")
     assert claims["one-layer models fail at ICL: test loss above 0.7 for both"].verdict == "holds"
 
 
@@ -152,7 +152,7 @@ def test_ablation_trains_the_six_layer_linear_model_once_per_documented_map():
     assert [s.name for s in specs] == ["linear_L6_identity", "linear_L6_relu", "linear_L6_quadratic", "linear_L6"]
     for spec in specs:  # everything but φ is the linear recipe's
         assert replace(spec, feature_map=None) == linear_6
-        config = build_config("linear_gpt", None, **spec.model_fields())
+        config = build_config("linear_gpt", None, **spec.group_model_config())
         assert config.linear_attention_feature_map == spec.feature_map_name
         assert (config.n_layer, config.n_embd, config.n_head) == (6, 64, 4)
     assert LinearGPTConfig().linear_attention_feature_map == la.DEFAULT_FEATURE_MAP
@@ -188,7 +188,7 @@ def test_ablation_claims_follow_the_rule(tmp_path):
 
     def verdicts(ablation):
         report = Report(la.PAPER, "ablation", "test", "toy", "test", tmp_path)
-        la._ablation_claims(la.Context(TOY, tmp_path, tmp_path, report), ablation)
+        la.ablation_claims(la.ExperimentState(TOY, tmp_path, tmp_path, report), ablation)
         return [c.verdict for c in report.claims]
 
     # as the document says: identity learns nothing (so every claim about it is not testable), ReLU² best
@@ -253,7 +253,7 @@ def test_full_scale_trains_the_documents_recipes():
         assert (spec.learning_rate, spec.batch_size) == ((1e-4, 32) if recipe == "softmax" else (3e-4, 64))
         assert spec.seeds == (42, 100, 7, 10, 2025)
         assert (spec.n_embd, spec.eval_steps, spec.train_pool, spec.test_prompts) == (256, 500, 16_000, 4_000)
-        config = build_config(la.RECIPES[recipe].model_type, None, **spec.model_fields())
+        config = build_config(la.RECIPES[recipe].model_type, None, **spec.group_model_config())
         assert (config.n_embd, config.n_layer, config.n_head, config.n_dims, config.n_points) == (256, depth, 4, 5, 10)
         assert config.model_type == ("gpt2_icl" if recipe == "softmax" else "linear_gpt")
         assert config.prompt_format == "interleaved" and config.n_positions == 20
@@ -354,7 +354,7 @@ def test_both_timed_engines_run_in_process():
     spec = replace(la.group_specs(TOY, steps=2)[1], seeds=(1, 2))
     with tempfile.TemporaryDirectory() as scratch:
         for engine in ("trainer", "ensemble"):
-            start, end, seed_steps = la._time_worker(engine, spec.to_dict(), 1, 1, 1, scratch)
+            start, end, seed_steps = la.timing._time_worker(engine, spec.to_dict(), 1, 1, 1, scratch)
             assert end >= start and seed_steps == 2
 
 

@@ -14,9 +14,9 @@ from hf_icl.evaluation.context_scaling import TRIVIAL
 from hf_icl.modeling.sgpt import feature_map, prompt_matrix
 from hf_icl.reproduce import reproduce
 from hf_icl.reproduce.runs import VERDICTS, Report
-from hf_icl.reproduce.sgpt import Context
-from hf_icl.reproduce.sgpt_common import best_of, subject
-from hf_icl.reproduce.sgpt_hilbert import (
+from hf_icl.reproduce.sgpt import ExperimentState
+from hf_icl.reproduce.sgpt.common import best_of, subject
+from hf_icl.reproduce.sgpt.hilbert import (
     ConsistencyCurve,
     hilbert_at_query,
     hilbert_variance_factor,
@@ -132,7 +132,7 @@ def test_beyond_length_models_never_train_past_their_trained_length(tmp_path):
     report = Report("sgpt", "lengths", "t", "toy", "c", tmp_path)
     models = {}
     for steps in (1, 3):
-        ctx = Context(TOY, tmp_path / f"s{steps}", report, steps=steps)
+        ctx = ExperimentState(TOY, tmp_path / f"s{steps}", report, steps=steps)
         model_type, fields = ctx.gpt2()
         models[steps] = ctx.train(
             "gpt2", model_type, fields, "linear_regression", {}, n_dims=3, n_points=8, train_points=4
@@ -176,7 +176,7 @@ def test_a_subject_is_read_where_it_did_best_against_the_trivial_predictor():
 
 def fig4_verdicts(tmp_path, task, rows, context_free=None):
     """``context_free``: each model's error with no examples (position 0; the trivial 1.0 when not given)."""
-    from hf_icl.reproduce.sgpt import _fig4_claims
+    from hf_icl.reproduce.sgpt.figures import _fig4_claims
 
     report = Report("sgpt", "fig4", "t", "toy", "c", tmp_path)
     lengths = [5, 10, 15, 20]
@@ -189,7 +189,7 @@ def fig4_verdicts(tmp_path, task, rows, context_free=None):
         return curve
 
     curves = Curves(**{name: at_lengths(name, values) for name, values in rows.items()}, **{TRIVIAL: [1.0] * 21})
-    _fig4_claims(Context(TOY, tmp_path, report), task, curves, rows, lengths)
+    _fig4_claims(ExperimentState(TOY, tmp_path, report), task, curves, rows, lengths)
     return {claim.claim: claim for claim in report.claims}
 
 

@@ -1,4 +1,4 @@
-"""Tests of hf_icl.kernels.row_kernels (and its public re-export hf_icl.attention.kernels): every score against
+"""Tests of hf_icl.similarity.row_kernels (and its re-export hf_icl.similarity): every score against
 its formula written out one (query, key) pair at a time with Python's math module, argument validation,
 numerics at θ ≈ 0, θ ≈ π and zero rows, and gradients reaching tensor (learnable) parameters."""
 
@@ -10,9 +10,9 @@ import math
 import pytest
 import torch
 
-import hf_icl.attention.kernels as public_kernels
-from hf_icl.kernels import row_kernels
-from hf_icl.kernels.row_kernels import (
+import hf_icl.similarity as public_kernels
+from hf_icl.similarity import row_kernels
+from hf_icl.similarity.row_kernels import (
     EPS,
     ROW_KERNELS,
     WEDGE_MODES,
@@ -206,9 +206,19 @@ def test_tensor_parameters_receive_the_analytic_gradients():
 
 
 def test_public_module_re_exports_the_same_functions():
-    from hf_icl.attention.kernels import cayley_scores as public_cayley
+    from hf_icl.similarity import cayley_scores as public_cayley
 
     assert public_cayley is cayley_scores
-    for name in public_kernels.__all__:
+    for name in row_kernels.__all__:
         assert getattr(public_kernels, name) is getattr(row_kernels, name)
     assert doctest.testmod(public_kernels, raise_on_error=True).attempted > 0
+
+
+@pytest.mark.parametrize("old_module", ["hf_icl.kernels.row_kernels", "hf_icl.attention.kernels"])
+def test_old_paths_still_serve_the_row_kernels_with_a_deprecation_warning(old_module):
+    import importlib
+
+    old = importlib.import_module(old_module)
+    for name in row_kernels.__all__:
+        with pytest.warns(DeprecationWarning, match=rf"{old_module}\.{name} moved to hf_icl\.similarity"):
+            assert getattr(old, name) is getattr(row_kernels, name)

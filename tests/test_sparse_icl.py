@@ -89,7 +89,7 @@ def brute_force_sparsity(model, task, method: SparseICLMethod, n_prompts: int, *
     kept = causal = 0
     for q, k in captured:
         keep = select_token_blocks(
-            q, k, scaling=q.shape[-1] ** -0.5, score=params["score"], backend="reference", **rule
+            q, k, scaling=q.shape[-1] ** -0.5, score=params["score"], backend="torch", **rule
         ).tolist()
         n = q.shape[2]
         for b in range(q.shape[0]):

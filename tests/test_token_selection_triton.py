@@ -1,4 +1,4 @@
-"""The fused Triton token selection against the PyTorch reference (``select_token_blocks(backend="reference")``).
+"""The fused Triton token selection against the PyTorch reference (``select_token_blocks(backend="torch")``).
 
 Equality is exact (``torch.equal``) over policies × scores × budgets × sparsities × local / sink windows ×
 ``min_seq_len`` × GQA ratios × prefill / chunked prefill / decode × block sizes × ragged lengths × dtypes. The kernel
@@ -54,7 +54,7 @@ def _inputs(b, h, kv_heads, n_q, n_k, d, *, seed=0, dtype=torch.float32, integer
 def _compare(query, key, **rule):
     """Both backends on the same inputs; exact equality; returns the reference's selection."""
     rule = {"scaling": 0.25, "block_size": 16, **rule}
-    expected = select_token_blocks(query, key, backend="reference", **rule)
+    expected = select_token_blocks(query, key, backend="torch", **rule)
     fused = select_token_blocks(query, key, backend="triton", **rule)
     assert fused.dtype == torch.bool and fused.shape == expected.shape
     mismatch = (fused != expected).nonzero()[:5].tolist()
@@ -276,19 +276,19 @@ def test_auto_keeps_the_reference_on_cpu_tensors(monkeypatch):
     q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 1, 40, 8)
     calls = _spy(monkeypatch)
     select_token_blocks(q, k, scaling=0.3, block_size=16, policy="magnitude")  # backend="auto"
-    assert calls == [] and selection_backend("auto", q, 40, 16, "magnitude") == "reference"
+    assert calls == [] and selection_backend("auto", q, 40, 16, "magnitude") == "torch"
 
 
 @needs_triton
 def test_auto_takes_the_kernel_where_cuda_would_and_the_reference_for_what_it_lacks(monkeypatch):
     """With resolve_backend answering as on a GPU: supported calls take the kernel, padded / oracle ones do not."""
-    monkeypatch.setattr(ts, "resolve_backend", lambda backend, q: "reference" if backend == "reference" else "triton")
+    monkeypatch.setattr(ts, "resolve_backend", lambda backend, q: "torch" if backend == "torch" else "triton")
     calls = _spy(monkeypatch)
     q, k = _inputs(1, 2, 1, 40, 40, 8)
     rule = {"scaling": 0.3, "block_size": 16, "sparsity": 0.5}
     assert torch.equal(
         select_token_blocks(q, k, policy="frc", **rule),
-        select_token_blocks(q, k, policy="frc", backend="reference", **rule),
+        select_token_blocks(q, k, policy="frc", backend="torch", **rule),
     )
     assert calls == ["frc"]
     valid = torch.ones(1, 40, dtype=torch.bool, device=DEVICE)
@@ -307,7 +307,7 @@ def test_forcing_triton_names_what_is_unsupported():
         select_token_blocks(q, k, policy="magnitude", key_valid=valid, backend="triton", **rule)
     with pytest.raises(ValueError, match="policy='oracle' is not fused"):
         select_token_blocks(q, k, policy="oracle", backend="triton", **rule)
-    with pytest.raises(ValueError, match=r"backend must be one of \['auto', 'triton', 'reference'\], got 'cuda'"):
+    with pytest.raises(ValueError, match=r"backend must be one of \['auto', 'triton', 'torch'\], got 'cuda'"):
         select_token_blocks(q, k, policy="magnitude", backend="cuda", **rule)
 
 
@@ -351,7 +351,7 @@ def test_cab_selection_and_attention_use_the_fused_kernel_when_triton_is_forced(
     q, k = _inputs(1, 4, 2, 70, 70, 32, seed=9)
     keep = select_cab_blocks(q, k, params, 0.2)
     assert calls == ["magnitude"]
-    assert torch.equal(keep, select_cab_blocks(q, k, CABParams(**{**params.__dict__, "backend": "reference"}), 0.2))
+    assert torch.equal(keep, select_cab_blocks(q, k, CABParams(**{**params.__dict__, "backend": "torch"}), 0.2))
     valid = torch.ones(1, 70, dtype=torch.bool, device=DEVICE)
     valid[:, :4] = False
     select_cab_blocks(q, k, params, 0.2, key_valid=valid)  # padded: the PyTorch selection, no error

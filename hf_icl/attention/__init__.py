@@ -9,6 +9,7 @@ CAB's per-block selection policies (``select_blocks``, ``SELECTION_POLICIES``, `
 token (:mod:`hf_icl.kernels.token_selection`); asking for one of those names says what replaces it.
 """
 
+from ..deprecation import retired as _retired
 from ..kernels.block_sparse_reference import (
     block_sparse_attention,
     dense_masked_attention,
@@ -17,6 +18,7 @@ from ..kernels.block_sparse_reference import (
 )
 from ..kernels.token_selection.rule import SCORES, achieved_sparsity, select_token_blocks
 from ..kernels.token_sparse import token_sparse_attention
+from . import selection as _selection
 from .cab import (
     BUDGETS,
     POLICIES,
@@ -38,13 +40,8 @@ from .cab_cache import (
     use_cab_cache,
 )
 from .preservation import attention_preservation
-from .selection import RETIRED as _RETIRED
-from .selection import retired_attribute as _retired_attribute
 
 register_cab()
 
 
-def __getattr__(name: str):
-    if name in _RETIRED:
-        raise _retired_attribute(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = _retired(__name__, _selection.RETIRED, reason=_selection.REASON)

@@ -13,9 +13,9 @@ Each call is routed once, by :func:`cab_route`, from (device, policy, padding, d
 * ``triton_prefill`` / ``triton_decode`` (CUDA, ``cab_backend`` ``"auto"`` or ``"triton"``): the fused selection
   kernel emits each token's block list, and the key-block-major kernels (prefill) or the split-K decode kernel
   consume it with no host sync; a padded prefill is compacted to its real tokens first;
-* ``torch``: the PyTorch path (CPU, dropout, head dims the kernels lack, the ``oracle`` policy, padded decode and
-  chunked prefill), selection and execution range by range. The route's ``reason`` says what kept the kernels out;
-  ``cab_backend="triton"`` raises it as a ``ValueError``.
+* ``torch``: the PyTorch path (``cab_backend="torch"``, CPU, dropout, head dims the kernels lack, the ``oracle``
+  policy, padded decode and chunked prefill), selection and execution range by range. The route's ``reason`` says
+  what kept the kernels out; ``cab_backend="triton"`` raises it as a ``ValueError``.
 
 Evaluations that need the selection (achieved sparsity, the NIAH preservation score) observe it: inside
 :func:`observe_cab_selection`, every call hands its callback a :class:`CABSelection` with the per-token selection
@@ -108,8 +108,8 @@ def cab_route(
 
 
 def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout) -> str | None:
-    if params.backend == "reference":
-        return "cab_backend='reference' asks for the PyTorch path"
+    if params.backend == "torch":
+        return "cab_backend='torch' asks for the PyTorch path"
     reason = kernels_unsupported(device, head_dim, dtype, dropout, cuda_only=params.backend == "auto")
     if reason is not None:
         return reason
@@ -451,7 +451,7 @@ def select_cab_blocks(
     backend = params.backend
     n_blocks = -(-key.shape[2] // params.block_size)
     if backend == "triton" and fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid):
-        backend = "reference"  # a selection the fused kernel cannot run (padding, oracle) stays on PyTorch
+        backend = "torch"  # a selection the fused kernel cannot run (padding, oracle) stays on PyTorch
     return select_token_blocks(
         query,
         key,
@@ -478,7 +478,7 @@ def select_cab_block_indices(
     n_blocks = -(-n_k // params.block_size)
     rule = params.selection_rule()
     unfused = fused_selection_unsupported(query, n_blocks, params.policy, params.budget, key_valid)
-    if params.backend != "reference" and unfused is None and (query.is_cuda or params.backend == "triton"):
+    if params.backend != "torch" and unfused is None and (query.is_cuda or params.backend == "triton"):
         return select_token_blocks_fused(query, key, scaling=scaling, score=params.score, **rule)
     if params.backend == "triton" and unfused is not None:
         raise ValueError(f"cab_backend='triton' cannot run this selection: {unfused}")

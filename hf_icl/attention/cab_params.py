@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass
 
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ..kernels._common import BACKENDS
+from ..kernels._common import check_backend
 from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
 from ..validation import check_choice, check_float, check_int
 
@@ -98,7 +98,8 @@ class CABParams:
         check_int("cab_min_seq_len", self.min_seq_len, low=0)
         check_choice("cab_decode", self.decode, DECODE_MODES)
         check_float("cab_magnitude_fraction", self.magnitude_fraction, low=0.0, high=1.0)
-        check_choice("cab_backend", self.backend, BACKENDS)
+        # "torch" (the PyTorch path); the old name "reference" still works, with a DeprecationWarning
+        object.__setattr__(self, "backend", check_backend(self.backend, "cab_backend"))
 
     def _resolve_budget(self) -> None:
         """Fill ``budget``, ``sparsity`` and ``topk`` left None: a sparsity alone asks for the row budget, a block

@@ -9,7 +9,7 @@ step-by-step generation. The per-block policies, their budgets (``"row"``, ``"gl
 
 from __future__ import annotations
 
-import warnings
+from ..deprecation import moved, retired
 
 __all__: list[str] = []
 
@@ -29,28 +29,9 @@ RETIRED = {
         for policy in ("frc", "frc_low", "magnitude", "hybrid", "streaming", "dense", "oracle")
     },
 }
+#: why the names in :data:`RETIRED` went (the retired-name error says it)
+REASON = "with CAB's per-block selection policies (CAB selects per query token)"
 #: moved names → their new module
 MOVED = {"attention_preservation": "hf_icl.attention.preservation"}
 
-
-def retired_attribute(module: str, name: str) -> AttributeError:
-    """The error for a retired per-block selection name: what it was and what replaces it."""
-    return AttributeError(
-        f"{module}.{name} was retired with CAB's per-block selection policies (CAB selects per query token); "
-        f"use {RETIRED[name]}"
-    )
-
-
-def __getattr__(name: str):
-    if name in MOVED:
-        warnings.warn(
-            f"hf_icl.attention.selection.{name} moved to {MOVED[name]}.{name}; the old path goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        from .preservation import attention_preservation
-
-        return attention_preservation
-    if name in RETIRED:
-        raise retired_attribute(__name__, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, MOVED, fallback=retired(__name__, RETIRED, reason=REASON))

@@ -12,14 +12,14 @@ Sections, in the order they run (each written to ``--output`` as soon as it is m
    alone, then the older per-kernel sections below (coarsening, and the block-level kernel over the tile unions of
    the per-token selection, kept for comparison with the pair execution).
 
-1. **Coarsening**: ``coarsen_max_l2`` vs the PyTorch reference (CUDA) or a per-block loop (CPU); on CUDA also the
+1. **Coarsening**: ``coarsen_max_l2`` vs its PyTorch path (CUDA) or a per-block loop (CPU); on CUDA also the
    achieved bandwidth against the measured device-to-device copy bandwidth.
 2. **Prefill attention** per shape (B, H, D), length T and sparsity: dense causal SDPA (flash backend on CUDA),
    CAB total (coarsen + score + select + sparse attention), the sparse kernel alone on a precomputed selection,
    FlexAttention compiled with the same block mask, and the selection's share of CAB's time; then a roofline table
    of the same runs: each time's floor (:mod:`hf_icl.kernels.roofline`, peaks from ``--peak-bandwidth`` /
    ``--peak-flops``, default H100 SXM) as a percentage of it.
-   **Selection alone**: the per-token selection CAB runs, PyTorch reference vs the fused Triton kernel
+   **Selection alone**: the per-token selection CAB runs, its PyTorch path vs the fused Triton kernel
    (``select_token_blocks(backend=...)``), and how many (token, block) entries the two disagree on. GPU only: on a CPU
    the kernel runs only under ``TRITON_INTERPRET=1`` (``--smoke`` exercises it there).
 3. **End-to-end prefill** of a GPT-2-shaped model (12 layers, width 768, 12 heads, random weights, no LM head) with
@@ -210,7 +210,7 @@ def _inputs(shape: tuple[int, int, int], length: int, dtype, device):
 
 def coarsening_section(args, use_kernel: bool) -> list[str]:
     batch, heads, dim = args.shapes[0]
-    baseline = "PyTorch reference" if use_kernel else "naive per-block loop"
+    baseline = "PyTorch" if use_kernel else "naive per-block loop"
     lines = [
         f"Coarsening (B={batch}, H={heads}, D={dim}, block {args.block_size}, Q and K in one call):",
         "",
@@ -220,8 +220,8 @@ def coarsening_section(args, use_kernel: bool) -> list[str]:
     for length in args.lengths:
         q, k, _ = _inputs(args.shapes[0], length, args.dtype, args.device)
         if use_kernel:
-            reference, kernel = (partial(coarsen_max_l2, backend=b) for b in ("reference", "triton"))
-            slow = median_seconds(reference, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
+            pytorch, kernel = (partial(coarsen_max_l2, backend=b) for b in ("torch", "triton"))
+            slow = median_seconds(pytorch, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
             fast = median_seconds(kernel, args.repeats, args.device, q, k, args.block_size, warmup=args.warmup)
         else:
             slow = median_seconds(
@@ -316,12 +316,12 @@ def roofline_row(args, shape, length: int, sparsity: float, keep: torch.Tensor, 
 
 
 def selection_section(args, shape: tuple[int, int, int], fused: bool) -> list[str]:
-    """The selection alone, as CAB runs it at each (T, sparsity): the PyTorch reference vs the fused Triton kernel."""
+    """The selection alone, as CAB runs it at each (T, sparsity): the PyTorch path vs the fused Triton kernel."""
     batch, heads, dim = shape
     params = CABParams(block_size=args.block_size, policy=args.policy, min_seq_len=0)
     title = (
         f"Selection alone (B={batch}, H={heads}, D={dim}, block {args.block_size}, policy {args.policy}, "
-        f"score {params.score}, {args.dtype_name}): PyTorch reference vs fused Triton kernel"
+        f"score {params.score}, {args.dtype_name}): PyTorch vs fused Triton kernel"
     )
     if not fused:
         return [
@@ -342,7 +342,7 @@ def selection_section(args, shape: tuple[int, int, int], fused: bool) -> list[st
         for sparsity in args.sparsities:
             rule = _selection_rule(replace(params, sparsity=sparsity), dim**-0.5)
             times, keeps = {}, {}
-            for backend in ("reference", "triton"):
+            for backend in ("torch", "triton"):
                 select = partial(select_token_blocks, backend=backend, **rule)
                 try:
                     times[backend] = median_seconds(select, args.repeats, args.device, q, k, warmup=args.warmup)
@@ -352,10 +352,10 @@ def selection_section(args, shape: tuple[int, int, int], fused: bool) -> list[st
                     times[backend] = keeps[backend] = None
                     if args.device.type == "cuda":
                         torch.cuda.empty_cache()
-            differ = "n/a" if None in keeps.values() else str(int((keeps["reference"] != keeps["triton"]).sum()))
+            differ = "n/a" if None in keeps.values() else str(int((keeps["torch"] != keeps["triton"]).sum()))
             lines.append(
-                f"| {length} | {sparsity:.2f} | {_ms(times['reference'])} | {_ms(times['triton'])} | "
-                f"{_ratio(times['reference'], times['triton'])} | {differ} |"
+                f"| {length} | {sparsity:.2f} | {_ms(times['torch'])} | {_ms(times['triton'])} | "
+                f"{_ratio(times['torch'], times['triton'])} | {differ} |"
             )
             del keeps
         del q, k

@@ -10,10 +10,9 @@ commands, ``lm_commands`` the causal-LM ones (niah, perplexity), ``parser`` the 
 
 from __future__ import annotations
 
-import importlib
 import sys
-import warnings
 
+from ..deprecation import moved
 from .checks import CLIError, allocation_error, one_line
 from .icl_commands import run_train
 from .parser import build_parser
@@ -74,12 +73,4 @@ def main(argv=None) -> int:
         return 2
 
 
-def __getattr__(name: str):
-    if name in MOVED:
-        warnings.warn(
-            f"hf_icl.cli.{name} moved to {MOVED[name]}.{name}; the old path goes in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = moved(__name__, MOVED)

@@ -167,7 +167,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ..reproduce import PAPERS
 
-    listing = "; ".join(f"{paper}: {', '.join(module.EXPERIMENTS)}" for paper, module in PAPERS.items())
+    listing = "; ".join(f"{name}: {', '.join(paper.experiments)}" for name, paper in PAPERS.items())
     rep = commands.add_parser(
         "reproduce",
         help=COMMANDS["reproduce"],

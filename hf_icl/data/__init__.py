@@ -3,6 +3,7 @@
 The builders import ``datasets`` lazily, so ``import hf_icl.data`` stays light.
 """
 
+from ..deprecation import moved
 from .episodes import Episodes, digit_features, sample_episodes
 from .inputs import (
     INPUT_REGISTRY,
@@ -38,11 +39,6 @@ from .tasks import (
     make_task,
 )
 
-
-def __getattr__(name: str):
-    # distinct_n and repetition_rate moved to hf_icl.evaluation.repetition; the stories package warns and serves them
-    if name in ("distinct_n", "repetition_rate"):
-        from . import stories
-
-        return getattr(stories, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+#: the repetition metrics this package exported, now in :mod:`hf_icl.evaluation.repetition` (deprecated aliases,
+#: for one release; data sits below evaluation, so they are imported only when asked for)
+__getattr__ = moved(__name__, dict.fromkeys(("distinct_n", "repetition_rate"), "hf_icl.evaluation.repetition"))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.row_kernels import row_kernel_scores
+from ..similarity.gram import GRAM_KERNELS, gram_matrix
+from ..similarity.row_kernels import row_kernel_scores
 from ..validation import check_choice, check_float
+from ._bandwidth import check_bandwidth
 from ._cholesky_prefix import prefix_posterior
-from ._kernels import KERNELS, check_bandwidth, gram_matrix
 from ._prefix import to_working
 from .base import InContextEstimator
 from .ridge import regularised_solve
@@ -38,7 +39,7 @@ class KernelRidge(InContextEstimator):
 
     def __init__(self, lam: float = 0.1, kernel: str = "rbf", bandwidth: float | None = None):
         self.lam = check_float("lam", lam, low=0.0, low_inclusive=False)
-        self.kernel = check_choice("kernel", kernel, KERNELS)
+        self.kernel = check_choice("kernel", kernel, GRAM_KERNELS)
         self.bandwidth = check_bandwidth(bandwidth, kernel, uses_bandwidth=kernel == "rbf")
         scale = f", h={self.bandwidth:g}" if kernel == "rbf" else ""
         self.name = f"kernel_ridge({kernel}, λ={self.lam:g}{scale})"

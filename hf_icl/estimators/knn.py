@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ..similarity.gram import pairwise_distances
 from ..validation import check_int
-from ._kernels import pairwise_distances
 from ._prefix import earlier_mask, to_working
 from .base import InContextEstimator
 

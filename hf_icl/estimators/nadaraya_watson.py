@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.row_kernels import WEDGE_MODES, row_kernel_scores
+from ..similarity.row_kernels import WEDGE_MODES, row_kernel_scores
 from ..validation import check_choice, check_float
-from ._kernels import check_bandwidth
+from ._bandwidth import check_bandwidth
 from ._prefix import earlier_mask, to_working
 from .base import InContextEstimator
 
@@ -36,7 +36,7 @@ class NadarayaWatson(InContextEstimator):
       ``exp((β₁ cos θ_ij - β₂ (sin θ_ij - μ)²) / T)`` (``wedge_mode="well"``).
 
     For the three angular kernels ``bandwidth`` is the temperature ``T``; its default is the document's value,
-    0.1 for cosine and Cayley and 1.0 for GA. Their scores come from :mod:`hf_icl.kernels.row_kernels`, which
+    0.1 for cosine and Cayley and 1.0 for GA. Their scores come from :mod:`hf_icl.similarity.row_kernels`, which
     clamps ``cos θ`` away from ±1 and maps a zero row to the zero vector, so parallel, antiparallel and zero
     inputs give finite predictions and gradients. In one dimension ``x / |x|`` is only a sign: embed the
     inputs first (:class:`~hf_icl.estimators.RandomFourierFeatures` with :class:`~hf_icl.estimators.OnFeatures`),

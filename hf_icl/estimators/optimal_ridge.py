@@ -7,9 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
+from ..similarity.gram import gram_matrix
 from ..validation import check_float
 from ._cholesky_prefix import prefix_posterior
-from ._kernels import gram_matrix
 from ._prefix import to_working
 from .base import InContextEstimator
 

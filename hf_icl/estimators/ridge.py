@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from ..similarity.gram import gram_matrix
 from ..validation import check_choice, check_float
 from ._cholesky_prefix import prefix_posterior
-from ._kernels import gram_matrix
 from ._prefix import exclusive_cumsum, to_working
 from .base import InContextEstimator
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import torch
 
+from ..deprecation import renamed_value
 from ..validation import check_choice, check_scaling  # noqa: F401  (check_scaling: re-exported)
 
-try:  # triton is optional (absent on macOS / Windows); the reference paths never need it.
+try:  # triton is optional (absent on macOS / Windows); the PyTorch paths never need it.
     import triton
     import triton.language as tl
 except ImportError:  # pragma: no cover - depends on the platform
     triton = None
     tl = None
 
-BACKENDS = ("auto", "triton", "reference")
+#: ``backend=`` of every dispatcher: ``"auto"`` (Triton on CUDA, else PyTorch), ``"triton"`` or ``"torch"`` (PyTorch)
+BACKENDS = ("auto", "triton", "torch")
+#: old backend names → their names now (deprecated, accepted for one release): ``"reference"`` was the PyTorch path
+BACKEND_ALIASES = {"reference": "torch"}
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -68,12 +72,21 @@ def check_key_padding_mask(key_padding_mask, q: torch.Tensor, k: torch.Tensor) -
         raise ValueError(f"key_padding_mask must have shape (B, Nk)={expected}, got {tuple(key_padding_mask.shape)}")
 
 
+def check_backend(backend: str, name: str = "backend") -> str:
+    """``backend`` checked against :data:`BACKENDS`; an old name (:data:`BACKEND_ALIASES`, ``"reference"``) is
+    accepted with a ``DeprecationWarning`` and returned under its name now (``"torch"``)."""
+    backend = renamed_value(name, backend, BACKEND_ALIASES, stacklevel=4)
+    check_choice(name, backend, BACKENDS)
+    return backend
+
+
 def resolve_backend(backend: str, q) -> str:
-    """``"auto"`` → the Triton kernel for CUDA tensors when triton is importable, else the PyTorch reference."""
-    check_choice("backend", backend, BACKENDS)
+    """``"triton"`` or ``"torch"``: ``"auto"`` → the Triton kernel for CUDA tensors when triton is importable, else
+    the PyTorch path."""
+    backend = check_backend(backend)
     if backend != "auto":
         return backend
-    return "triton" if triton is not None and isinstance(q, torch.Tensor) and q.is_cuda else "reference"
+    return "triton" if triton is not None and isinstance(q, torch.Tensor) and q.is_cuda else "torch"
 
 
 def is_interpreted(kernel) -> bool:
@@ -88,9 +101,9 @@ def is_interpreted(kernel) -> bool:
 def check_kernel_runnable(kernel, q: torch.Tensor, entry_point: str) -> None:
     """Raise ``RuntimeError`` unless ``kernel`` can run on ``q``'s device."""
     if triton is None:
-        raise RuntimeError(f"{entry_point} needs triton, which could not be imported; use backend='reference'")
+        raise RuntimeError(f"{entry_point} needs triton, which could not be imported; use backend='torch'")
     if not q.is_cuda and not is_interpreted(kernel):
         raise RuntimeError(
             f"{entry_point} needs CUDA tensors (got device {q.device}) unless TRITON_INTERPRET=1 was set "
-            "before triton was imported; use backend='reference' on CPU"
+            "before triton was imported; use backend='torch' on CPU"
         )

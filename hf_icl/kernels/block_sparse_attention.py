@@ -780,8 +780,8 @@ def block_sparse_attention_forward(
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Block-sparse causal attention selected by the bool block mask ``keep (B, H, Mq, Mk)``.
 
-    ``backend="auto"`` runs the Triton kernel on CUDA tensors when triton is importable and the PyTorch reference
-    otherwise; ``"triton"`` or ``"reference"`` force one. Returns ``out`` (B, H, Nq, D), and the fp32 ``lse``
+    ``backend="auto"`` runs the Triton kernel on CUDA tensors when triton is importable and the PyTorch path
+    otherwise; ``"triton"`` or ``"torch"`` force one. Returns ``out`` (B, H, Nq, D), and the fp32 ``lse``
     (B, H, Nq) when ``return_lse`` is set. ``group_heads`` (None: detect) lets one kernel program serve the query
     heads of a KV group that share their selection (:func:`selection_shared_by_groups`). Not differentiable through
     the kernel: training goes through :func:`hf_icl.kernels.block_sparse_backward.block_sparse_flash_attention`.
@@ -792,7 +792,7 @@ def block_sparse_attention_forward(
     torch.Size([1, 2, 40, 32])
     """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
-    if resolve_backend(backend, q) == "reference":
+    if resolve_backend(backend, q) == "torch":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
     validate_keep(q, k, keep, block_size)

@@ -456,12 +456,12 @@ def block_sparse_flash_attention(
     validate: bool = True,
     group_heads: bool | None = None,
 ) -> torch.Tensor:
-    """Differentiable block-sparse causal attention: Triton forward and backward, or the PyTorch reference.
+    """Differentiable block-sparse causal attention: Triton forward and backward, or the PyTorch path.
 
     Same arguments as :func:`hf_icl.kernels.block_sparse_attention.block_sparse_attention_forward`; gradients flow
     to ``q``, ``k`` and ``v`` through the same block selection ``keep``. ``backend="auto"`` takes the kernels on
-    CUDA tensors, and the reference (autograd through PyTorch) otherwise. ``validate=False`` skips the kernel
-    path's input checks and their device syncs, for callers that built ``keep`` themselves (CAB does).
+    CUDA tensors, and the PyTorch path (``"torch"``, autograd through PyTorch) otherwise. ``validate=False`` skips
+    the kernel path's input checks and their device syncs, for callers that built ``keep`` themselves (CAB does).
     ``group_heads`` (None: detect) lets the kernels serve a KV group's query heads together when they share their
     selection.
 
@@ -472,7 +472,7 @@ def block_sparse_flash_attention(
     torch.Size([1, 2, 40, 32])
     """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset}
-    if resolve_backend(backend, q) == "reference":
+    if resolve_backend(backend, q) == "torch":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     if validate:
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)

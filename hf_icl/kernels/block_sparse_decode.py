@@ -394,9 +394,10 @@ def block_sparse_decode(
     validate: bool = True,
     group_heads: bool | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else reference.
+    """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else PyTorch.
 
-    ``validate=False`` skips the kernel path's input checks and their device syncs (for a caller that built ``keep``).
+    ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``. ``validate=False`` skips the kernel path's input checks and
+    their device syncs (for a caller that built ``keep``).
     ``group_heads`` (None: detect) lets one program serve the query heads of a KV group that share their selection;
     see :func:`hf_icl.kernels.block_sparse_attention.selection_shared_by_groups`.
 
@@ -408,7 +409,7 @@ def block_sparse_decode(
     """
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     _check_single_query(q)
-    if resolve_backend(backend, q) == "reference":
+    if resolve_backend(backend, q) == "torch":
         return block_sparse_decode_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     if validate:
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)

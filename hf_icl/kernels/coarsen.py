@@ -295,8 +295,8 @@ def coarsen_max_l2(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Max-L2 coarsening of ``q`` (B, H, Nq, D) and ``k`` (B, H, Nk, D) into one row per ``block_size`` tokens.
 
-    ``backend="auto"`` uses the Triton kernel for CUDA tensors when triton is importable and the PyTorch reference
-    otherwise; ``"triton"`` or ``"reference"`` force one. See the module docstring for the selection rules.
+    ``backend="auto"`` uses the Triton kernel for CUDA tensors when triton is importable and the PyTorch path
+    otherwise; ``"triton"`` or ``"torch"`` force one. See the module docstring for the selection rules.
     """
     if resolve_backend(backend, q) == "triton":
         return coarsen_max_l2_triton(q, k, block_size)

@@ -106,10 +106,39 @@ def model_fields(**fields) -> str:
 # -- claims -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Experiment:
-    """A reproducible figure or table: its title and the function that runs it on its paper's context."""
+    """A reproducible figure or table: its title and the function that runs it on its paper's experiment state."""
 
     title: str
     run: Callable[[Any], None]
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """What a user may change of a paper's run (``hf-icl reproduce`` flags): seeds shifted by ``seed``, finished runs
+    retrained, every model's ``steps`` (the MLPs' ``mlp_steps``), the number of training processes, the full sizes."""
+
+    seed: int = 0
+    retrain: bool = False
+    steps: int | None = None
+    mlp_steps: int | None = None
+    workers: int | None = None
+    full: bool = False
+
+
+@dataclass(frozen=True)
+class Paper:
+    """What :func:`~hf_icl.reproduce.engine.run_experiment` needs of a seed document: its name, experiments and two
+    sizes (CPU, the document's), the line that describes a run's size, the experiment state it starts (``start(scale,
+    output_dir, runs_dir, report, options)``) and, for a CPU-sized run, a note on what is smaller than the document."""
+
+    name: str
+    experiments: dict[str, Experiment]
+    cpu: Any
+    full: Any
+    describe: Callable[[Any, str, RunOptions], str]
+    start: Callable[[Any, Path, Path, Report, RunOptions], Any]
+    cpu_note: Callable[[Any], str] | None = None
+    trains_mlps: bool = False
 
 
 @dataclass

@@ -29,8 +29,7 @@ Example::
     True
 """
 
-import warnings
-
+from ...deprecation import moved
 from .corpus import (
     BUILDER_SOURCES,
     CORPUS_CODE_MODULES,
@@ -64,26 +63,19 @@ from .tokenizer import PAD_TOKEN, pack_stories, train_story_tokenizer
 _BUILDER_CLASSES = ("StoryCorpus", "StoryCorpusConfig")
 #: Old names of the repetition metrics, now in :mod:`hf_icl.evaluation.repetition` (deprecated here; data sits
 #: below evaluation, so they are imported only when asked for).
-_MOVED_TO_EVALUATION = ("distinct_n", "repetition_rate", "story_tokens")
+MOVED_TO_EVALUATION = dict.fromkeys(("distinct_n", "repetition_rate", "story_tokens"), "hf_icl.evaluation.repetition")
 
 
-def __getattr__(name: str):
+def _builder_class(name: str):
     if name in _BUILDER_CLASSES:
         from . import builder
 
         globals().update({cls: getattr(builder, cls) for cls in _BUILDER_CLASSES})  # served directly from now on
         return globals()[name]
-    if name in _MOVED_TO_EVALUATION:
-        from ...evaluation import repetition
-
-        warnings.warn(
-            f"{name} moved to hf_icl.evaluation.repetition; importing it from hf_icl.data.stories (or hf_icl.data) "
-            "is deprecated and stops working in the next release",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(repetition, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__getattr__ = moved(__name__, MOVED_TO_EVALUATION, fallback=_builder_class)
 
 
 __all__ = [

@@ -26,9 +26,10 @@ candidates (a running, causal normalisation); the two-hop term is ``Σ_r A[r] ·
 ``r``'s mean key against block ``k < r`` with the same score, each row normalised the same way (keys, because a
 decode step has no past queries); ``FRC = A - lam * two_hop / n_candidates``.
 
-Backends. This module's PyTorch code is the reference. ``backend="auto"`` runs the fused Triton kernel
-(:mod:`hf_icl.kernels.token_selection.fused`: scores, forced blocks, budgets and top-k in one launch, no host sync)
-on CUDA for unpadded inputs and every policy but ``oracle``, and this reference elsewhere; ``"triton"`` insists.
+Backends. This module's PyTorch code (``backend="torch"``) is the reference. ``backend="auto"`` runs the fused Triton
+kernel (:mod:`hf_icl.kernels.token_selection.fused`: scores, forced blocks, budgets and top-k in one launch, no host
+sync) on CUDA for unpadded inputs and every policy but ``oracle``, and the PyTorch code elsewhere; ``"triton"``
+insists.
 The kernel's selection logic is the reference's bit for bit; its float32 scores may differ from PyTorch's matmul by
 rounding (summation order), which can only matter for candidates whose ranks lie within rounding of each other.
 """
@@ -194,7 +195,7 @@ def select_token_blocks(
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)``; ``key_valid``
     ``(B, Nk)`` marks real tokens (None: no padding). Arguments are trusted (CABParams validated them).
-    ``backend``: ``"auto"`` (the fused kernel on CUDA where it applies), ``"triton"`` or ``"reference"``; see
+    ``backend``: ``"auto"`` (the fused kernel on CUDA where it applies), ``"triton"`` or ``"torch"``; see
     :func:`selection_backend`.
 
         >>> q, k = torch.randn(1, 2, 40, 8), torch.randn(1, 2, 40, 8)
@@ -353,23 +354,23 @@ def selection_backend(
     budget: str = "row",
     key_valid: torch.Tensor | None = None,
 ) -> str:
-    """Which implementation runs a selection: ``"triton"`` (the fused kernel) or ``"reference"``.
+    """Which implementation runs a selection: ``"triton"`` (the fused kernel) or ``"torch"`` (PyTorch).
 
     ``"auto"`` takes the kernel for CUDA queries when it supports the call (unpadded, any policy but ``oracle``, at
-    most :data:`~hf_icl.kernels.token_selection.fused.MAX_KEY_BLOCKS` key blocks) and the reference otherwise;
+    most :data:`~hf_icl.kernels.token_selection.fused.MAX_KEY_BLOCKS` key blocks) and PyTorch otherwise;
     ``"triton"`` insists and raises a ``ValueError`` naming what is unsupported.
 
         >>> selection_backend("auto", torch.zeros(1, 1, 4, 8), 64, 16, "magnitude")  # a CPU tensor
-        'reference'
+        'torch'
     """
-    if resolve_backend(backend, query) == "reference":
-        return "reference"
+    if resolve_backend(backend, query) == "torch":
+        return "torch"
     reason = fused_selection_unsupported(query, -(-n_keys // block_size), policy, budget, key_valid)
     if reason is None:
         return "triton"
     if backend == "triton":
         raise ValueError(f"backend='triton' cannot run this selection: {reason}")
-    return "reference"
+    return "torch"
 
 
 def select_token_blocks_fused(query, key, *, scaling, score, **rule) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import triton
+from .._common import check_backend, triton
 from ..block_sparse_reference import keep_to_indices
 from .decode import KERNEL_HEAD_DIMS, token_sparse_decode
 from .naive import token_sparse_attention_naive
@@ -60,7 +60,7 @@ def token_sparse_attention(
     positions of ``key`` / ``value (B, H / g, Nk, D)``) over the key blocks it kept in ``token_keep (B, H, Nq, Mk)``
     bool, blocks laid over each row's real tokens (``key_valid (B, Nk)``, None: no padding). ``backend``: ``"auto"``
     runs the Triton kernels on CUDA when they apply (no padding, no dropout, a kernel head dim) and the PyTorch path
-    otherwise; ``"triton"`` insists; ``"reference"`` is the PyTorch path. Returns ``(B, H, Nq, D)``.
+    otherwise; ``"triton"`` insists; ``"torch"`` is the PyTorch path. Returns ``(B, H, Nq, D)``.
 
         >>> q, k, v = (torch.randn(1, 2, 40, 8) for _ in range(3))
         >>> keep = torch.ones(1, 2, 40, 3, dtype=torch.bool)               # every block: dense causal attention
@@ -68,8 +68,9 @@ def token_sparse_attention(
         >>> torch.allclose(out, torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), atol=1e-6)
         True
     """
+    backend = check_backend(backend)
     reason = None
-    if backend != "reference":
+    if backend != "torch":
         if key_valid is not None:
             reason = "padded batches take the PyTorch path here (CAB's attention call compacts them for the kernels)"
         else:
@@ -78,7 +79,7 @@ def token_sparse_attention(
             )
     if backend == "triton" and reason is not None:
         raise ValueError(f"backend='triton' cannot run this call: {reason}")
-    if backend == "reference" or reason is not None:
+    if backend == "torch" or reason is not None:
         return token_sparse_attention_torch(
             query, key, value, token_keep, block_size=block_size, scaling=scaling, key_valid=key_valid, dropout=dropout
         )

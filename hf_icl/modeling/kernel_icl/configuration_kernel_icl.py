@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from transformers import PretrainedConfig
 
-from ...kernels.row_kernels import ROW_KERNELS
+from ...similarity.row_kernels import ROW_KERNELS
 from ...validation import check_choice, check_float, check_int
 from ..config_fields import check_config_kwargs
 
@@ -23,7 +23,7 @@ class KernelICLConfig(PretrainedConfig):
     value projection, the row kernel (``softmax``, ``cosine``, ``cayley`` or ``ga``) turns query-key pairs into
     attention weights over the context, and a linear read-out maps the attended value to a prediction. With
     ``use_column_attention`` the raw inputs are first mixed across features by GA column attention
-    (:mod:`hf_icl.kernels.column_attention`) computed from the context samples.
+    (:mod:`hf_icl.similarity.column_attention`) computed from the context samples.
 
     Args:
         n_dims: input dimension d.

@@ -3,8 +3,8 @@
 One attention head is a Nadaraya–Watson smoother with a learned kernel: the prediction for a query ``x`` is
 ``out(Σ_j w_j(x) V_j)`` with ``V_j = W_V e_y(y_j)`` and weights ``w(x) = softmax_j score(W_Q e_x(x), W_K e_x(x_j))``
 over the context pairs, ``e_x`` and ``e_y`` two-layer embedding MLPs. The score is the chosen row kernel of
-:mod:`hf_icl.kernels.row_kernels` with learnable temperature / β's; optional GA column attention
-(:mod:`hf_icl.kernels.column_attention`) first mixes the raw input features by weights computed from the context.
+:mod:`hf_icl.similarity.row_kernels` with learnable temperature / β's; optional GA column attention
+(:mod:`hf_icl.similarity.column_attention`) first mixes the raw input features by weights computed from the context.
 
 Two protocols share the weights (see :meth:`KernelICLForInContextRegression.forward`): the package's causal
 all-prefix protocol (position ``i`` uses the pairs ``j < i`` and ``x_i``; one pass by masking) and the document's
@@ -20,8 +20,8 @@ from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 
-from ...kernels.column_attention import column_mixing_weights, mix_columns, prefix_column_mixing_weights
-from ...kernels.row_kernels import row_kernel_scores
+from ...similarity.column_attention import column_mixing_weights, mix_columns, prefix_column_mixing_weights
+from ...similarity.row_kernels import row_kernel_scores
 from ..heads import ICLOutput, loss_mask_for
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_no_backbone_kwargs, check_prompt
@@ -44,7 +44,7 @@ def _masked_softmax(scores: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor
 
 class KernelICLColumnAttention(nn.Module):
     """GA column attention with learnable ``beta1``, ``beta2``, ``diag_bias``, ``wedge_mu`` and residual ``gate``
-    (the document's ``LearnableColumnAttention``; the formulas are in :mod:`hf_icl.kernels.column_attention`)."""
+    (the document's ``LearnableColumnAttention``; the formulas are in :mod:`hf_icl.similarity.column_attention`)."""
 
     def __init__(self, config: KernelICLConfig):
         super().__init__()
@@ -64,7 +64,7 @@ class KernelICLColumnAttention(nn.Module):
         return prefix_column_mixing_weights(xs, self.beta1, self.beta2, self.diag_bias, self.wedge_mu, self.eps)
 
     def mix(self, xs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """``(1 - σ(gate)) x + σ(gate) α x`` for every sample (:func:`~hf_icl.kernels.column_attention.mix_columns`)."""
+        """``(1 - σ(gate)) x + σ(gate) α x`` for every sample (:func:`~hf_icl.similarity.mix_columns`)."""
         return mix_columns(xs, weights, self.gate)
 
 

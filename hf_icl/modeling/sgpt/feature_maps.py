@@ -26,7 +26,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...estimators._kernels import pairwise_distances
+from ...similarity.gram import pairwise_distances
 from ...validation import check_choice, check_float, check_int
 
 #: the feature maps ψ: one-step GD (``"linear"``) and the kernel smoothers of :func:`psi_kernel`

@@ -1,56 +1,22 @@
-"""Reproductions of the context-scaling vs task-scaling study (seed ``001``): SGPT, ψ features, MLPs.
-
-One function per figure. Each trains its models with the package's trainer, scores them on fresh
-tasks, and reports the document's claims with a verdict at the size it ran:
-
-* ``CPU`` (the default) shrinks d, widths, depths, steps and pools so each figure takes minutes on a
-  laptop CPU; the output says so on every page.
-* ``FULL`` (``--full``) uses the document's sizes (8 layers of width 256, MLPs of width 1024, d = 20 /
-  8, millions of training prompts) and wants a GPU.
-
-The models train on every prefix of prompts of the longest context (one MLP / one transformer for
-all lengths, as the document does for its MLPs) and are read at the document's context lengths.
-
-Beyond the figures: ``hilbert`` measures the consistency of the Hilbert estimate the document relies on
-(:mod:`~hf_icl.reproduce.sgpt_hilbert`), ``lengths`` evaluates GPT-2 and SGPT past the prompt length they
-trained on (:mod:`~hf_icl.reproduce.sgpt_lengths`). Every claim passes the models and baselines it is
-about to :meth:`Report.claim` as :class:`~hf_icl.reproduce.runs.Subject` s (:func:`subject`): one that
-learned nothing, or a baseline worse than the trivial predictor, makes the claim "not testable at this size".
-"""
+"""The SGPT study's figures (seed ``001``), one function per figure, each with the document's claims: GPT-2 vs the
+vectorised MLP (Fig. 1), SGPT vs GPT-2 vs ridge (Fig. 2, 3), other task families (Fig. 4), one-layer SGPT (Fig. 5),
+MLPs on ψ features (Fig. 6, 7)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from ..data.tasks import make_task
-from ..estimators import get_estimator
-from ..evaluation.baselines import estimator_for_task
-from ..modeling.sgpt.feature_maps import feature_map as apply_feature_map
-from ..modeling.sgpt.feature_maps import prompt_matrix
-from . import sgpt_hilbert, sgpt_lengths
-from .runs import Experiment, Report, comparable, improves, log
-from .sgpt_common import (
-    CPU,
-    FULL,
-    PAPER,
-    Context,
-    Scale,
-    at,
-    best_of,
-    fmt,
-    in_context_subject,
-    subject,
-    table,
-    trivial_error,
-)
-
-__all__ = ["CPU", "EXPERIMENTS", "FULL", "PAPER", "Context", "LinearOnEstimate", "Scale", "run", "trivial_error"]
+from ...data.tasks import make_task
+from ...estimators import get_estimator
+from ...evaluation.baselines import estimator_for_task
+from ...modeling.sgpt.feature_maps import feature_map as apply_feature_map
+from ...modeling.sgpt.feature_maps import prompt_matrix
+from ..runs import comparable, improves
+from .common import ExperimentState, at, best_of, fmt, in_context_subject, subject, table
 
 
 # -- Fig. 1: GPT-2 vs the vectorised MLP, task-scaling and context-scaling --------------------------------
-def fig1(ctx: Context) -> None:
+def fig1(ctx: ExperimentState) -> None:
     s = ctx.scale
     d = s.dims(4, 8)
     lengths = [5, 10, 20] if not s.full else [5, 10, 20, 30, 40]
@@ -119,7 +85,7 @@ def fig1(ctx: Context) -> None:
 
 
 # -- Fig. 2 / 3: linear regression with one and two noise levels -----------------------------------------
-def _sgpt_vs_gpt2(ctx: Context, tag: str, task_params: dict, eval_params: list[dict], d: int, n_points: int):
+def _sgpt_vs_gpt2(ctx: ExperimentState, tag: str, task_params: dict, eval_params: list[dict], d: int, n_points: int):
     task = "noisy_linear_regression"
     trained = {}
     for label, (model_type, fields) in {"SGPT": ctx.sgpt(), "GPT-2": ctx.gpt2()}.items():
@@ -144,7 +110,7 @@ def _sgpt_vs_gpt2(ctx: Context, tag: str, task_params: dict, eval_params: list[d
     return trained, results
 
 
-def _close_to_ridge(ctx: Context, result, lengths: list[int], sigma) -> None:
+def _close_to_ridge(ctx: ExperimentState, result, lengths: list[int], sigma) -> None:
     rows = {name: at(result, name, lengths) for name in ("SGPT", "GPT-2", "optimal ridge")}
     ctx.report.add(f"σ = {sigma}: squared error / d\n\n" + table(rows, lengths, "N →"))
     ctx.report.numbers[f"sigma={sigma}"] = {"lengths": lengths, **rows}
@@ -171,7 +137,7 @@ def _close_to_ridge(ctx: Context, result, lengths: list[int], sigma) -> None:
     )
 
 
-def _ridge_sweep(ctx: Context, trained: dict, params: dict, d: int, position: int) -> None:
+def _ridge_sweep(ctx: ExperimentState, trained: dict, params: dict, d: int, position: int) -> None:
     """Right panels of Fig. 2/3: ridge's error against λ at one context length, the models as lines."""
     lambdas = [0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0]
     ridges = {f"ridge λ={lam:g}": get_estimator("ridge", lam=lam) for lam in lambdas}
@@ -193,7 +159,7 @@ def _ridge_sweep(ctx: Context, trained: dict, params: dict, d: int, position: in
     )
 
 
-def fig2(ctx: Context) -> None:
+def fig2(ctx: ExperimentState) -> None:
     s = ctx.scale
     d = s.dims(5, 20)
     lengths = [5, 10, 15, 20] if not s.full else [10, 15, 20, 25, 30, 35, 40]
@@ -203,7 +169,7 @@ def fig2(ctx: Context) -> None:
     _ridge_sweep(ctx, trained, params, d, position=d)
 
 
-def fig3(ctx: Context) -> None:
+def fig3(ctx: ExperimentState) -> None:
     s = ctx.scale
     d = s.dims(5, 20)
     lengths = [1, 5, 10, 15, 20] if not s.full else [1, 5, 10, 20, 30, 40]
@@ -223,7 +189,7 @@ FIG4_TASKS = {
 }
 
 
-def fig4(ctx: Context) -> None:
+def fig4(ctx: ExperimentState) -> None:
     s = ctx.scale
     d = s.dims(8, 20)
     n_points = 21 if not s.full else 41
@@ -250,7 +216,7 @@ def fig4(ctx: Context) -> None:
         _fig4_claims(ctx, task, result, rows, lengths)
 
 
-def _fig4_claims(ctx: Context, task: str, result, rows: dict[str, list[float]], lengths: list[int]) -> None:
+def _fig4_claims(ctx: ExperimentState, task: str, result, rows: dict[str, list[float]], lengths: list[int]) -> None:
     """The document's claims on one Fig. 4 family; the models are judged on the curve as in-context learners (against
     their own error with no examples too: :func:`in_context_subject`), the baselines at the longest context, where
     they are compared."""
@@ -304,7 +270,7 @@ FIG5_TASKS = {
 }
 
 
-def fig5(ctx: Context) -> None:
+def fig5(ctx: ExperimentState) -> None:
     d = 8
     lengths = [10, 20, 30, 40, 50]
     curves, subjects = {}, {}
@@ -341,7 +307,7 @@ def fig5(ctx: Context) -> None:
 FEATURE_MAP_NAMES = {"linear": "ψ_L", "hilbert": "ψ_H"}
 
 
-def fig6(ctx: Context) -> None:
+def fig6(ctx: ExperimentState) -> None:
     d, lengths = 8, [5, 10, 20, 30, 40]
     task, params = "noisy_linear_regression", {"weight_prior": "scaled", "noise_std": 0.22}
     trained = {}
@@ -401,7 +367,9 @@ class LinearOnEstimate:
         return (self.slope * self.estimates(xs, ys) + self.intercept).to(xs.dtype)
 
 
-def fit_linear_on_estimate(ctx: Context, feature_map: str, task: str, params: dict, d: int, n_points: int, **kw):
+def fit_linear_on_estimate(
+    ctx: ExperimentState, feature_map: str, task: str, params: dict, d: int, n_points: int, **kw
+):
     family = make_task({"name": task, "n_dims": d, **params})
     n_prompts = min((ctx.steps or ctx.scale.steps) * ctx.scale.batch_size, 20_000)
     xs, ys = family.sample(n_prompts, n_points, seed=ctx.seed)
@@ -414,7 +382,7 @@ FIG7_TASKS = {
 }
 
 
-def fig7_inputs(ctx: Context) -> dict[str, tuple[str, dict]]:
+def fig7_inputs(ctx: ExperimentState) -> dict[str, tuple[str, dict]]:
     inputs = {"vectorised": ctx.mlp("vectorized")}
     for feature_map, psi in FEATURE_MAP_NAMES.items():
         inputs[f"{psi} features"] = ctx.mlp("features", feature_map)
@@ -422,7 +390,7 @@ def fig7_inputs(ctx: Context) -> dict[str, tuple[str, dict]]:
     return inputs
 
 
-def fig7(ctx: Context) -> None:
+def fig7(ctx: ExperimentState) -> None:
     s = ctx.scale
     d = 8
     pools = [64, 1024, 16384] if not s.full else [2**6, 2**10, 2**14, 2**17, 2**20]
@@ -476,7 +444,7 @@ def fig7(ctx: Context) -> None:
         _fig7_claims(ctx, tag, task_scaling, context_scaling, subjects)
 
 
-def _fig7_claims(ctx: Context, tag: str, task_scaling: dict, context_scaling: dict, subjects: dict) -> None:
+def _fig7_claims(ctx: ExperimentState, tag: str, task_scaling: dict, context_scaling: dict, subjects: dict) -> None:
     def summary(kind_curves, labels):
         return "; ".join(f"{label}: {fmt(kind_curves[label])}" for label in labels)
 
@@ -506,55 +474,3 @@ def _fig7_claims(ctx: Context, tag: str, task_scaling: dict, context_scaling: di
         all(improves(task_scaling[b]) and improves(context_scaling[b]) for b in both),
         [subjects[label] for label in both],
     )
-
-
-EXPERIMENTS = {
-    "fig1": Experiment("GPT-2 vs the vectorised MLP: task-scaling and context-scaling", fig1),
-    "fig2": Experiment("linear regression σ=0.5: SGPT vs GPT-2 vs optimally tuned ridge", fig2),
-    "fig3": Experiment("linear regression with noise levels {0.1, 0.5}: algorithm selection", fig3),
-    "fig4": Experiment("sparse linear, 2-layer ReLU NN, decision tree: SGPT vs GPT-2 vs baselines", fig4),
-    "fig5": Experiment("one-layer SGPT context-scales (d=8, N=10..50)", fig5),
-    "fig6": Experiment("MLP on ψ_K(A)_N,: vs a linear fit on the scalar ψ_K(A)_N,d+1", fig6),
-    "fig7": Experiment("MLP inputs: vectorised, ψ features, both — task- and context-scaling", fig7),
-    "hilbert": Experiment(
-        "the Hilbert estimate ψ_H(A)_N,d+1 is consistent: its error against E[y|x] as the context grows",
-        sgpt_hilbert.hilbert,
-    ),
-    "lengths": Experiment("GPT-2 vs SGPT on prompts longer than the ones they were trained on", sgpt_lengths.lengths),
-}
-
-
-def run(
-    experiment: str,
-    *,
-    full: bool = False,
-    output_dir: str | Path = "outputs/reproduce",
-    seed: int = 0,
-    retrain: bool = False,
-    steps: int | None = None,
-    mlp_steps: int | None = None,
-    command: str = "",
-    scale: Scale | None = None,
-) -> Path:
-    """Run one figure's experiment; returns the path of its ``results.md``. ``scale`` replaces the CPU/full
-    sizes altogether (tests run a figure end to end at a toy scale)."""
-    scale = scale or (FULL if full else CPU)
-    out = Path(output_dir) / PAPER / experiment
-    size = (
-        f"{scale.label}: transformers n_embd={scale.n_embd}, n_layer={scale.n_layer}; MLP width {scale.mlp_width}; "
-        f"{steps or scale.steps} steps × {scale.batch_size} prompts"
-        + (f" ({mlp_steps} for the MLPs)" if mlp_steps else "")
-        + f"; {scale.eval_prompts} evaluation prompts"
-    )
-    if experiment == "hilbert":  # a measurement of an estimator: nothing is trained
-        size = (
-            f"{scale.label}: no training; {scale.hilbert_prompts} prompts per setting, contexts N = 4 … "
-            f"2^{scale.hilbert_max_log2}"
-        )
-    report = Report(PAPER, experiment, EXPERIMENTS[experiment].title, size, command, out)
-    log(f"{PAPER} {experiment}: {report.title} — {size}")
-    if not scale.full:
-        log("CPU-sized run (smaller d, widths, steps and pools than the document); --full runs the document's sizes")
-    context = Context(scale, out, report, seed=seed, retrain=retrain, steps=steps, mlp_steps=mlp_steps)
-    EXPERIMENTS[experiment].run(context)
-    return report.write()

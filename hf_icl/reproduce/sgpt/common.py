@@ -1,7 +1,8 @@
-"""What the SGPT reproductions (seed ``001``) share: the run sizes, the context an experiment runs in, and the
-helpers that turn evaluation curves into tables and into the :class:`~hf_icl.reproduce.runs.Subject` s a claim is
-judged on (:mod:`hf_icl.reproduce.sgpt` has the figures, :mod:`~hf_icl.reproduce.sgpt_hilbert` the consistency of
-the Hilbert estimate, :mod:`~hf_icl.reproduce.sgpt_lengths` the prompts longer than the trained ones).
+"""What the SGPT reproductions (seed ``001``) share: the run sizes, an experiment's state (where it writes, how it
+trains and evaluates), and the helpers that turn evaluation curves into tables and into the
+:class:`~hf_icl.reproduce.runs.Subject` s a claim is judged on (:mod:`~hf_icl.reproduce.sgpt.figures` has the
+figures, :mod:`~hf_icl.reproduce.sgpt.hilbert` the consistency of the Hilbert estimate,
+:mod:`~hf_icl.reproduce.sgpt.lengths` the prompts longer than the trained ones).
 """
 
 from __future__ import annotations
@@ -13,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from ..data.tasks import make_task
-from ..evaluation import evaluate_context_scaling
-from ..evaluation.context_scaling import TRIVIAL
-from ..evaluation.tables import markdown_grid
-from .plots import plot_sweep
-from .runs import Report, Subject, model_fields, train_or_reuse
+from ...data.tasks import make_task
+from ...evaluation import evaluate_context_scaling
+from ...evaluation.context_scaling import TRIVIAL
+from ...evaluation.tables import markdown_grid
+from ..plots import plot_sweep
+from ..runs import Report, Subject, model_fields, train_or_reuse
 
 PAPER = "sgpt"
 
@@ -66,7 +67,7 @@ FULL = Scale(
 
 
 @dataclass
-class Context:
+class ExperimentState:
     """Where an experiment writes, at which scale, and its report."""
 
     scale: Scale

@@ -28,13 +28,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..data.tasks import make_task
-from ..validation import check_float, check_int
-from .runs import Subject
-from .sgpt_common import fmt
+from ...data.tasks import make_task
+from ...validation import check_float, check_int
+from ..runs import Subject
+from .common import fmt
 
 if TYPE_CHECKING:
-    from .sgpt_common import Context
+    from .common import ExperimentState
 
 #: ``sample(batch, n_points, generator) -> (xs (b, n, d), ys (b, n), target (b,))``: the query is ``xs[:, -1]``
 #: (its label unused) and ``target`` is ``f*(query)``
@@ -236,7 +236,7 @@ EXACT_NOISE = 0.22
 FALLING = "the 95% interval of the log-log slope is below 0 over all N and over the upper half (N ≥ √N_max)"
 
 
-def hilbert(ctx: Context) -> None:
+def hilbert(ctx: ExperimentState) -> None:
     scale = ctx.scale
     ns = [2**k for k in range(2, scale.hilbert_max_log2 + 1)]
     upper = 2 ** ((2 + scale.hilbert_max_log2 + 1) // 2)

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..validation import check_int
+from ...validation import check_int
 
 #: the ratio ‖mean gradient‖ / ‖its standard error‖ below which a gradient counts as zero at the prompts used
 STATIONARY_RATIO = 3.0

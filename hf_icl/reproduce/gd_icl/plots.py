@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..evaluation.plotting import new_axes, new_panels, save_figure
-from .runs import seed_interval
+from ...evaluation.plotting import new_axes, new_panels, save_figure
+from ..runs import seed_interval
 
 
 def _interval(values) -> tuple[float, float]:

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import torch
 
-from ..evaluation.plotting import new_panels, save_figure
-from ..kernels.row_kernels import row_kernel_scores
-from .kernel_icl_document import KERNEL_NAMES, TABLE1, grid_label, grid_name
-from .runs import seed_interval
+from ...evaluation.plotting import new_panels, save_figure
+from ...similarity.row_kernels import row_kernel_scores
+from ..runs import seed_interval
+from .document import KERNEL_NAMES, TABLE1, grid_label, grid_name
 
 #: the document's query for the weight profiles (x ≈ 0.94, on the right slope)
 PROFILE_QUERY = 65
@@ -121,7 +121,7 @@ def plot_box_and_bars(path: Path, errors: dict[str, torch.Tensor], labels: dict[
 
 def add_figures(ctx) -> None:
     """Draw every figure of a context whose tables have run, and add them to its report."""
-    from ..estimators import RandomFourierFeatures
+    from ...estimators import RandomFourierFeatures
 
     report, scale = ctx.report, ctx.scale
     predictions, data, head = ctx.example

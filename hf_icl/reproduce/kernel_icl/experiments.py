@@ -1,298 +1,28 @@
-"""``hf-icl reproduce kernel-icl table1|table2|figures|all``: ICL as kernel regression (seed 000).
+"""The kernel-ICL study's experiments (seed 000): Table 1, Table 2, the seven key insights, the figures, and the claims
+each makes.
 
-The document compares, on a 1-D noisy sin(x) (Table 1), ridge regression, softmax attention on raw inputs, Nadaraya–
-Watson with an RBF kernel, kernel ridge, a pre-trained single attention head and three angular kernels (cosine,
-Cayley, geometric-algebra) on a random-Fourier-feature embedding; and, on 10-D tasks where 3 features share a latent
-(Table 2), eight ``UnifiedICL`` models: {row attention only, GA column attention + row} × {softmax, cosine, Cayley,
-GA}, against kernel ridge. It reports one run; we run every seed of :attr:`Scale.seeds` and give the mean and the
-95 % t interval over seeds, and judge its seven "key insights" across the seeds.
-
-The models are :class:`~hf_icl.modeling.kernel_icl.KernelICLForInContextRegression`, trained in the document's
-context/query protocol (``n_context=``) with the document's recipe (Adam 1e-3, batch 64, no clipping, clean query
-targets), the seeds of one architecture as one stacked model (:class:`~.seed_ensemble.SeedEnsemble`) and all
-architectures in one loop over steps on shared batches. The classical estimators are the package's, called in the
-same protocol (``predict_queries``).
-
-Every claim about a model or a baseline is judged by the package's testability rule (:func:`~.runs.judge`) against
-the trivial predictor on the same evaluation data: the zero predictor (always 0, the package's convention,
-:meth:`~hf_icl.evaluation.metrics.PositionMetric.trivial_per_prompt`), scored against the same clean targets as the
-methods. The context-mean predictor (the mean of the prompt's context labels) is reported beside it for reference only.
+Every claim about a model or a baseline is judged by the package's testability rule (:func:`~hf_icl.reproduce.runs.
+judge`) against the trivial predictor on the same evaluation data: the zero predictor (always 0, the package's
+convention, :meth:`~hf_icl.evaluation.metrics.PositionMetric.trivial_per_prompt`), scored against the same clean
+targets as the methods. The context-mean predictor (the mean of the prompt's context labels) is reported beside it for
+reference only.
 """
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ..data.tasks import get_task
-from ..estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
-from ..evaluation.metrics import metric_for_task
-from ..training.checkpoints import quiet_progress
-from .kernel_icl_document import KERNEL_NAMES, ROW_KERNELS, TABLE1, TABLE2, TABLE2_KRR, grid_label, grid_name  # noqa: F401
-from .runs import Experiment, Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
-from .seed_ensemble import SeedEnsemble
-from .workers import worker_pool
-
-PAPER = "kernel-icl"
-#: the trivial predictor of the testability rule, as the tables and claims name it
-TRIVIAL_LABEL = "trivial (zero predictor)"
-#: Table-1 methods that are trained models (the rest are classical estimators: baselines to the rule)
-TABLE1_MODELS = ("pretrained",)
-
-
-@dataclass(frozen=True)
-class Scale:
-    """Sizes of a run; the defaults are the document's (its 1-D data seed 42 is the first seed)."""
-
-    seeds: tuple[int, ...] = (42, 43, 44, 45, 46)
-    hidden_size: int = 64
-    learning_rate: float = 1e-3
-    batch_size: int = 64
-    # Table 1: the sin(x) prompt and the pre-trained head's training on random sinusoids
-    context_points: int = 200
-    query_points: int = 100
-    noise_std: float = 0.2
-    head_steps: int = 5000
-    head_context: int = 40
-    head_queries: int = 10
-    rff_frequencies: int = 32
-    rff_scale: float = 2.0
-    # Table 2: ten features, three of them noisy copies of a latent
-    n_dims: int = 10
-    grid_steps: int = 10000
-    grid_context: int = 100
-    grid_queries: int = 20
-    eval_tasks: int = 200
-    eval_context: int = 200
-    eval_queries: int = 50
-    krr_bandwidth: float = 3.0
-    krr_lam: float = 0.01
-    curve_every: int = 50
-
-    def describe(self) -> str:
-        return (
-            f"{len(self.seeds)} seeds {list(self.seeds)}; width {self.hidden_size}; Adam {self.learning_rate:g}, batch "
-            f"{self.batch_size}; Table 1: {self.context_points} context / {self.query_points} query points, head "
-            f"{self.head_steps} steps on {self.head_context}+{self.head_queries}-point prompts; Table 2: d = "
-            f"{self.n_dims}, {self.grid_steps} steps on {self.grid_context}+{self.grid_queries}-point prompts, "
-            f"{self.eval_tasks} held-out tasks of {self.eval_context}+{self.eval_queries} points per seed"
-        )
-
-
-#: the CPU default: the document's sizes except a quarter of Table 2's steps (its eight models × five seeds cost about
-#: 0.75 s per step on one core of the 2-core VM, so 10,000 steps would take over an hour on both)
-CPU = Scale(grid_steps=2500)
-#: ``--full``: the document's sizes
-FULL = Scale()
-
-
-# -- data ----------------------------------------------------------------------------------------------------------
-def sine_prompt(scale: Scale, seed: int, dtype=torch.float64) -> dict[str, torch.Tensor]:
-    """The document's 1-D test: context on linspace(−3, 3) with N(0, σ²) label noise drawn from ``seed``, queries on
-    linspace(−3, 3) with clean targets sin(x). Shapes ``(1, n, 1)`` / ``(1, n)``."""
-    generator = torch.Generator().manual_seed(seed)
-    context_x = torch.linspace(-3, 3, scale.context_points, dtype=dtype)
-    noise = torch.randn(scale.context_points, generator=generator, dtype=dtype)
-    query_x = torch.linspace(-3, 3, scale.query_points, dtype=dtype)
-    return {
-        "context_x": context_x[None, :, None],
-        "context_y": (torch.sin(context_x) + scale.noise_std * noise)[None],
-        "query_x": query_x[None, :, None],
-        "query_y": torch.sin(query_x)[None],
-    }
-
-
-def context_query_batch(task, batch: int, n_context: int, n_queries: int, generator) -> tuple[torch.Tensor, ...]:
-    """Prompts of ``n_context`` noisy pairs followed by ``n_queries`` queries whose targets are the clean signal (the
-    document's training and evaluation data)."""
-    xs, ys, params = task.sample(batch, n_context + n_queries, generator=generator, return_params=True)
-    targets = torch.cat([ys[:, :n_context], params["signal"][:, n_context:]], dim=1)
-    return xs, targets
-
-
-def table2_eval_batch(scale: Scale, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The seed's held-out Table-2 tasks: ``xs (tasks, context + queries, d)`` and targets (noisy context labels,
-    clean query targets)."""
-    task = get_task("latent_group_sinusoid", n_dims=scale.n_dims)
-    generator = torch.Generator().manual_seed(123 + seed)
-    return context_query_batch(task, scale.eval_tasks, scale.eval_context, scale.eval_queries, generator)
-
-
-# -- the trivial predictor -----------------------------------------------------------------------------------------
-def zero_predictor_mse(task_name: str, n_dims: int, targets: torch.Tensor) -> torch.Tensor:
-    """The zero predictor's MSE over the last dim of ``targets`` (the package's trivial predictor of a regression
-    task, scored with the task's own metric, whose normaliser is 1 for the sinusoid families)."""
-    metric = metric_for_task(get_task(task_name, n_dims=n_dims))
-    return metric.trivial_per_prompt(targets.double()).mean(-1)
-
-
-def table1_references(scale: Scale) -> dict[str, torch.Tensor]:
-    """Per seed ``(seeds,)``: the zero predictor's and the context-mean predictor's MSE on Table 1's 100 queries,
-    against the clean sine the methods are scored on."""
-    zero, context_mean = [], []
-    for seed in scale.seeds:
-        data = sine_prompt(scale, seed)
-        targets = data["query_y"][0]
-        zero.append(float(zero_predictor_mse("sinusoid", 1, targets)))
-        context_mean.append(float((data["context_y"][0].mean() - targets).square().mean()))
-    return {
-        "zero": torch.tensor(zero, dtype=torch.float64),
-        "context_mean": torch.tensor(context_mean, dtype=torch.float64),
-    }
-
-
-def table2_references(scale: Scale) -> dict[str, torch.Tensor]:
-    """Per seed and held-out task ``(seeds, tasks)``: the zero predictor's and the context-mean predictor's MSE on
-    Table 2's query points, against the clean targets the models and KRR are scored on."""
-    zero, context_mean = [], []
-    n = scale.eval_context
-    for seed in scale.seeds:
-        _, ys = table2_eval_batch(scale, seed)
-        targets = ys[:, n:].double()
-        zero.append(zero_predictor_mse("latent_group_sinusoid", scale.n_dims, targets))
-        context_mean.append((ys[:, :n].double().mean(1, keepdim=True) - targets).square().mean(1))
-    return {"zero": torch.stack(zero), "context_mean": torch.stack(context_mean)}
-
-
-def trivial_errors(scale: Scale) -> dict[str, torch.Tensor]:
-    """The trivial (zero) predictor's MSE per seed ``(seeds,)`` on each table's evaluation data: data generation
-    only, no training (what re-judges a finished run's claims)."""
-    return {"table1": table1_references(scale)["zero"], "table2": table2_references(scale)["zero"].mean(1)}
-
-
-# -- training: every architecture, every seed, one loop per process ------------------------------------------------
-@dataclass(frozen=True)
-class Group:
-    """The seeds of one architecture, trained together as one stacked model."""
-
-    name: str
-    fields: dict
-
-
-def model_fields(scale: Scale, n_dims: int, row_kernel: str, column: bool, n_points: int) -> dict:
-    return {
-        "n_dims": n_dims,
-        "n_points": n_points,
-        "hidden_size": scale.hidden_size,
-        "row_kernel": row_kernel,
-        "use_column_attention": column,
-    }
-
-
-@dataclass(frozen=True)
-class Training:
-    """What every group of one table is trained on."""
-
-    task: dict
-    steps: int
-    n_context: int
-    n_queries: int
-
-    def spec(self, scale: Scale, group: Group) -> dict:
-        return {
-            "fields": group.fields,
-            "seeds": list(scale.seeds),
-            "batch_size": scale.batch_size,
-            "learning_rate": scale.learning_rate,
-            **asdict(self),
-        }
-
-
-def _load_group(run_dir: Path, spec: dict) -> tuple[list[torch.nn.Module], torch.Tensor] | None:
-    from transformers import AutoModel
-
-    spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or read_run_json(spec_file) != spec:
-        return None
-    with quiet_progress():
-        models = [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in spec["seeds"]]
-    return models, read_run_tensors(run_dir / "losses.safetensors")["losses"]
-
-
-def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_dir: Path) -> None:
-    """Train ``groups`` step by step on shared batches (one per seed) and save each group's models and loss curve."""
-    task = get_task(**training.task)
-    generators = [torch.Generator().manual_seed(1000 + seed) for seed in scale.seeds]
-    ensembles = [
-        SeedEnsemble(
-            "kernel_icl",
-            group.fields,
-            scale.seeds,
-            scale.learning_rate,
-            max_grad_norm=0.0,  # the document does not clip
-            loss_per_dim=False,
-            forward_kwargs={"n_context": training.n_context},
-        )
-        for group in groups
-    ]
-    curves = [[] for _ in groups]
-    running = torch.zeros(len(groups), len(scale.seeds))
-    clock, window = time.perf_counter(), 0
-    for step in range(1, training.steps + 1):
-        batches = [
-            context_query_batch(task, scale.batch_size, training.n_context, training.n_queries, g) for g in generators
-        ]
-        xs, ys = torch.stack([b[0] for b in batches]), torch.stack([b[1] for b in batches])
-        for i, ensemble in enumerate(ensembles):
-            running[i] += ensemble.step(xs, ys)
-        window += 1
-        if window == scale.curve_every or step == training.steps:  # the curve: mean loss of each window of steps
-            for curve, total in zip(curves, running, strict=True):
-                curve.append(total / window)
-            running.zero_()
-            window = 0
-        if step % max(1, training.steps // 10) == 0:
-            losses = ", ".join(f"{g.name} {float(c[-1].mean()):.4f}" for g, c in zip(groups, curves, strict=True) if c)
-            log(f"  step {step}/{training.steps} ({time.perf_counter() - clock:.0f} s): {losses}")
-    for group, ensemble, curve in zip(groups, ensembles, curves, strict=True):
-        run_dir = runs_dir / group.name
-        ensemble.save_models(run_dir)
-        save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
-        # written last: marks the group finished
-        (run_dir / "spec.json").write_text(json.dumps(training.spec(scale, group), indent=1))
-
-
-def _train_in_worker(scale: Scale, groups: list[Group], training: Training, runs_dir: str, threads: int) -> None:
-    torch.set_num_threads(threads)
-    _train_loop(scale, groups, training, Path(runs_dir))
-
-
-def train_groups(
-    scale: Scale,
-    groups: Sequence[Group],
-    training: Training,
-    runs_dir: Path,
-    retrain: bool = False,
-    workers: int | None = None,
-) -> dict[str, tuple[list[torch.nn.Module], torch.Tensor]]:
-    """Train every group's seeds with the document's recipe; returns ``{name: (models per seed, loss curve
-    (windows, seeds))}``. Finished groups with the same spec are loaded instead of retrained. The groups to train are
-    dealt to ``workers`` processes (default one per core, each running one loop over its groups)."""
-    pending = [g for g in groups if retrain or _load_group(runs_dir / g.name, training.spec(scale, g)) is None]
-    for group in groups:
-        if group not in pending:
-            log(f"reusing {runs_dir / group.name} (trained with the same spec)")
-    workers = min(workers or usable_cores(), len(pending))
-    if pending:
-        names = ", ".join(g.name for g in pending)
-        log(f"training {names}: {len(scale.seeds)} seeds, {training.steps} steps, in {max(workers, 1)} process(es)")
-    if workers == 1:
-        _train_loop(scale, pending, training, runs_dir)
-    elif workers > 1:
-        shares = [pending[i::workers] for i in range(workers)]
-        threads = max(1, usable_cores() // workers)
-        with worker_pool(workers) as pool:
-            jobs = [pool.submit(_train_in_worker, scale, share, training, str(runs_dir), threads) for share in shares]
-            for job in jobs:
-                job.result()
-    return {g.name: _load_group(runs_dir / g.name, training.spec(scale, g)) for g in groups}
+from ...estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
+from ..runs import Experiment, Paper, Report, RunOptions, Subject, seed_interval
+from .data import sine_prompt, table1_references, table2_eval_batch, table2_references
+from .document import KERNEL_NAMES, ROW_KERNELS, TABLE1, TABLE2, TABLE2_KRR, grid_label, grid_name
+from .specs import CPU, FULL, PAPER, TABLE1_MODELS, TRIVIAL_LABEL, Group, Scale, Training, group_model_config
+from .training import train_groups
 
 
 # -- Table 1 -------------------------------------------------------------------------------------------------------
@@ -321,18 +51,18 @@ def table1_predictions(scale: Scale, seed: int, head: torch.nn.Module) -> tuple[
     return {k: v[0] for k, v in predictions.items()}, data
 
 
-def train_heads(ctx: Context) -> tuple[list[torch.nn.Module], torch.Tensor]:
+def train_heads(ctx: ExperimentState) -> tuple[list[torch.nn.Module], torch.Tensor]:
     """The pre-trained attention head (1-D softmax row kernel, no column attention), one per seed."""
     scale = ctx.scale
     n_points = scale.context_points + scale.query_points
-    group = Group("head_1d", model_fields(scale, 1, "softmax", False, n_points))
+    group = Group("head_1d", group_model_config(scale, 1, "softmax", False, n_points))
     training = Training(
         {"name": "sinusoid", "n_dims": 1}, ctx.steps or scale.head_steps, scale.head_context, scale.head_queries
     )
     return train_groups(scale, [group], training, ctx.runs_dir, ctx.retrain, ctx.workers)[group.name]
 
 
-def table1(ctx: Context) -> None:
+def table1(ctx: ExperimentState) -> None:
     scale, report = ctx.scale, ctx.report
     heads, _ = train_heads(ctx)
     per_seed = {name: [] for name in (*TABLE1, "dual_ridge")}
@@ -366,7 +96,7 @@ def table1(ctx: Context) -> None:
     _ranking_claim(ctx)
 
 
-def _ranking_claim(ctx: Context) -> None:
+def _ranking_claim(ctx: ExperimentState) -> None:
     ours = {name: float(ctx.table1[name].mean()) for name in TABLE1}
     document_order = list(TABLE1)  # the document lists the methods from worst to best
     our_order = sorted(ours, key=ours.get, reverse=True)
@@ -381,11 +111,11 @@ def _ranking_claim(ctx: Context) -> None:
 
 
 # -- Table 2 -------------------------------------------------------------------------------------------------------
-def train_grid(ctx: Context) -> dict[tuple[str, bool], tuple[list[torch.nn.Module], torch.Tensor]]:
+def train_grid(ctx: ExperimentState) -> dict[tuple[str, bool], tuple[list[torch.nn.Module], torch.Tensor]]:
     scale = ctx.scale
     n_points = max(scale.grid_context + scale.grid_queries, scale.eval_context + scale.eval_queries)
     groups = [
-        Group(grid_name(k, c), model_fields(scale, scale.n_dims, k, c, n_points))
+        Group(grid_name(k, c), group_model_config(scale, scale.n_dims, k, c, n_points))
         for c in (False, True)
         for k in ROW_KERNELS
     ]
@@ -399,7 +129,7 @@ def train_grid(ctx: Context) -> dict[tuple[str, bool], tuple[list[torch.nn.Modul
     return {(k, c): trained[grid_name(k, c)] for c in (False, True) for k in ROW_KERNELS}
 
 
-def evaluate_grid(ctx: Context, grid) -> dict[str, torch.Tensor]:
+def evaluate_grid(ctx: ExperimentState, grid) -> dict[str, torch.Tensor]:
     """Per-task MSE ``(seeds, tasks)`` of every grid model and of KRR on each seed's held-out tasks."""
     scale = ctx.scale
     errors = {grid_name(k, c): [] for (k, c) in grid} | {"krr": []}
@@ -417,7 +147,7 @@ def evaluate_grid(ctx: Context, grid) -> dict[str, torch.Tensor]:
     return {k: torch.stack(v) for k, v in errors.items()}
 
 
-def table2(ctx: Context) -> None:
+def table2(ctx: ExperimentState) -> None:
     scale, report = ctx.scale, ctx.report
     grid = ctx.grid = train_grid(ctx)
     errors = ctx.table2 = evaluate_grid(ctx, grid)
@@ -466,7 +196,7 @@ def _column_parameters(grid) -> dict[str, list[dict[str, float]]]:
 
 
 # -- the seven key insights ----------------------------------------------------------------------------------------
-def insights(ctx: Context) -> None:
+def insights(ctx: ExperimentState) -> None:
     t1, report, seeds = ctx.table1, ctx.report, len(ctx.scale.seeds)
     gap = float((t1["ridge"] - t1["dual_ridge"]).abs().max())
     report.claim(
@@ -537,7 +267,7 @@ def insights(ctx: Context) -> None:
 
 
 # -- testability -----------------------------------------------------------------------------------------------------
-def _set_trivial(ctx: Context, table: str, zero: torch.Tensor, context_mean: torch.Tensor) -> None:
+def _set_trivial(ctx: ExperimentState, table: str, zero: torch.Tensor, context_mean: torch.Tensor) -> None:
     """Keep a table's trivial (zero) and context-mean errors per seed on the context and in ``results.json``."""
     ctx.trivial[table] = zero
     numbers = ctx.report.numbers
@@ -545,7 +275,7 @@ def _set_trivial(ctx: Context, table: str, zero: torch.Tensor, context_mean: tor
     numbers.setdefault("context_mean", {})[table] = context_mean.tolist()
 
 
-def subjects(ctx: Context, *names: str) -> list[Subject]:
+def subjects(ctx: ExperimentState, *names: str) -> list[Subject]:
     """The testability subjects of a claim about ``names``: each method's MSE (mean over seeds, and over held-out
     tasks in Table 2) against the zero predictor's on the same data. Trained models (the pre-trained head, the Table-2
     grid) are ``"model"``; the classical estimators (ridge, KRR, Nadaraya–Watson with any kernel) ``"baseline"``."""
@@ -582,7 +312,10 @@ def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 # -- experiments -----------------------------------------------------------------------------------------------------
 @dataclass
-class Context:
+class ExperimentState:
+    """An experiment's state: its sizes, where it writes, its report and options, and the tables as they are measured
+    (the claims and figures read them)."""
+
     scale: Scale
     output_dir: Path
     runs_dir: Path
@@ -599,8 +332,8 @@ class Context:
     example: tuple | None = None
 
 
-def _figures(ctx: Context) -> None:
-    from . import kernel_icl_plots as plots
+def _figures(ctx: ExperimentState) -> None:
+    from . import plots
 
     if ctx.table1 is None:
         table1(ctx)
@@ -609,14 +342,14 @@ def _figures(ctx: Context) -> None:
     plots.add_figures(ctx)
 
 
-def _all(ctx: Context) -> None:
+def _all(ctx: ExperimentState) -> None:
     table1(ctx)
     table2(ctx)
     insights(ctx)
     _figures(ctx)
 
 
-def _table2_with_claims(ctx: Context) -> None:
+def _table2_with_claims(ctx: ExperimentState) -> None:
     table1(ctx)  # the insights need both tables; Table 1 costs a minute
     table2(ctx)
     insights(ctx)
@@ -632,35 +365,22 @@ EXPERIMENTS = {
 }
 
 
-def run(
-    experiment: str,
-    *,
-    full: bool = False,
-    output_dir: str | Path = "outputs/reproduce",
-    seed: int = 0,
-    retrain: bool = False,
-    steps: int | None = None,
-    mlp_steps: int | None = None,
-    command: str = "",
-    scale: Scale | None = None,
-    workers: int | None = None,
-) -> Path:
-    """Run one experiment; returns the path of its ``results.md``. ``seed`` shifts every seed; ``steps`` replaces
-    the training steps of every model; ``workers`` is the number of training processes (default one per core; 1 trains
-    in this process); ``scale`` replaces the sizes altogether (tests). Worker processes are spawned, so a script that
-    calls this with more than one worker must do so under ``if __name__ == "__main__":`` (the ``hf-icl`` command
-    does)."""
-    if mlp_steps is not None:
-        raise ValueError(f"--mlp-steps: the kernel-ICL study trains no MLPs, got mlp_steps={mlp_steps}")
-    scale = scale or (FULL if full else CPU)
-    if seed:
-        scale = replace(scale, seeds=tuple(s + seed for s in scale.seeds))
-    root = Path(output_dir) / PAPER
-    out = root / experiment
-    size = scale.describe() + (f"; every model trained {steps} steps" if steps else "")
-    report = Report(PAPER, experiment, EXPERIMENTS[experiment].title, size, command, out)
+def shifted(scale: Scale, seed: int) -> Scale:
+    """``scale`` with every seed shifted by ``seed``."""
+    return replace(scale, seeds=tuple(s + seed for s in scale.seeds)) if seed else scale
+
+
+def describe(scale: Scale, experiment: str, options: RunOptions) -> str:
+    steps = options.steps
+    return shifted(scale, options.seed).describe() + (f"; every model trained {steps} steps" if steps else "")
+
+
+def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
+    scale = shifted(scale, options.seed)
     report.numbers["scale"] = asdict(scale)
-    log(f"{PAPER} {experiment}: {report.title} — {size}")
-    context = Context(scale, out, root / "runs", report, retrain=retrain, steps=steps, workers=workers)
-    EXPERIMENTS[experiment].run(context)
-    return report.write()
+    return ExperimentState(
+        scale, output_dir, runs_dir, report, retrain=options.retrain, steps=options.steps, workers=options.workers
+    )
+
+
+PAPER_SPEC = Paper(PAPER, EXPERIMENTS, CPU, FULL, describe, start)

@@ -1,12 +1,14 @@
-"""Pairwise distances and Gram matrices between the inputs of a prompt."""
+"""Pairwise distances and Gram matrices between the inputs of a prompt (the kernels of ridge, kernel ridge, k-NN
+and the SGPT document's kernel smoothers)."""
 
 from __future__ import annotations
 
 import torch
 
-from ..validation import check_float
+__all__ = ["GRAM_KERNELS", "gram_matrix", "pairwise_distances"]
 
-KERNELS = ("rbf", "linear")
+#: the kernels :func:`gram_matrix` computes
+GRAM_KERNELS = ("rbf", "linear")
 
 
 def pairwise_distances(xs: torch.Tensor) -> torch.Tensor:
@@ -27,16 +29,4 @@ def gram_matrix(xs: torch.Tensor, kernel: str, bandwidth: float = 1.0) -> torch.
         return xs @ xs.transpose(-1, -2)
     if kernel == "rbf":
         return torch.exp(-pairwise_distances(xs).square() / (2 * bandwidth**2))
-    raise ValueError(f"kernel must be one of {list(KERNELS)}, got {kernel!r}")
-
-
-def check_bandwidth(bandwidth, kernel: str, *, uses_bandwidth: bool) -> float:
-    """The bandwidth of ``kernel`` (1 when not given), or a ``ValueError`` for a bad one, or for one
-    given to a kernel that has none (it would be silently ignored)."""
-    if not uses_bandwidth:
-        if bandwidth is not None:
-            raise ValueError(
-                f"bandwidth does not apply to kernel={kernel!r} (it has none), got bandwidth={bandwidth!r}"
-            )
-        return 1.0
-    return check_float("bandwidth", 1.0 if bandwidth is None else bandwidth, low=0.0, low_inclusive=False)
+    raise ValueError(f"kernel must be one of {list(GRAM_KERNELS)}, got {kernel!r}")

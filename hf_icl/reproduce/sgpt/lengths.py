@@ -5,7 +5,7 @@ for context lengths that it has not been trained on." Here both models are train
 and evaluated on prompts of ``2L``.
 
 GPT-2 cannot run past its position table (``n_positions = 2 · n_points`` tokens). So both models are *built* for
-``2L`` points and *trained* on ``L``: a fixed curriculum (start ``L``, increment 0; :meth:`Context.train`'s
+``2L`` points and *trained* on ``L``: a fixed curriculum (start ``L``, increment 0; :meth:`ExperimentState.train`'s
 ``train_points``) keeps every training prompt at ``L`` points. GPT-2's position embeddings for tokens ``2L … 4L − 1``
 therefore exist but never receive a gradient: they stay at their N(0, 0.02) initialisation, which is what a
 longer prompt meets. SGPT has no position embeddings (its ``n_points`` is only the longest prompt it accepts).
@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..estimators import get_estimator
-from ..evaluation.plotting import draw_band_curve, new_axes, save_figure
-from .sgpt_common import at, subject, table
+from ...estimators import get_estimator
+from ...evaluation.plotting import draw_band_curve, new_axes, save_figure
+from .common import at, subject, table
 
 if TYPE_CHECKING:
-    from .sgpt_common import Context
+    from .common import ExperimentState
 
 #: task -> (parameters, (d on the CPU, d at full size), reference estimators)
 LENGTH_TASKS = {
@@ -37,7 +37,7 @@ WINDOW = 5
 DEGRADES, HOLDS_UP = 1.25, 1.1
 
 
-def lengths(ctx: Context) -> None:
+def lengths(ctx: ExperimentState) -> None:
     s = ctx.scale
     trained = s.dims(20, 50)
     longest = 2 * trained

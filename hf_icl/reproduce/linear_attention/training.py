@@ -1,0 +1,299 @@
+"""Training the study's groups: every seed of a group in lockstep as one :class:`SeedEnsemble`, the groups in worker
+processes (one per core by default), each finished group saved (:class:`GroupResult`) and reused while its spec is
+unchanged; the statistics of its curves; and :class:`ExperimentState`, which trains an experiment's groups once."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..runs import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
+from ..seed_ensemble import SeedEnsemble, build_seeded
+from ..workers import worker_pool
+from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
+from .document import CONVERGED, DEPTHS, DOCUMENT_WIDTH, GPT2_VOCAB
+from .specs import ERRORS_FILE, RECIPES, GroupSpec, Scale, ablation_specs, group_specs
+
+
+# -- statistics of the curves and the final losses ------------------------------------------------------------------
+def document_interval(residuals: Sequence[torch.Tensor]) -> float:
+    """The document's rule (its appendix): concatenate the residuals of all seeds and take 1.96 · std (numpy's std,
+    without the n − 1 correction). Here the residuals are the per-prompt query errors whose mean is the loss."""
+    joined = torch.cat([torch.as_tensor(r, dtype=torch.float64).flatten() for r in residuals])
+    return 1.96 * float(joined.std(correction=0))
+
+
+def samples_to_converge(
+    steps: Sequence[int], losses: Sequence[float], batch_size: int, fraction: float = CONVERGED
+) -> int | None:
+    """Samples seen (step × batch size) at the first evaluation whose loss closed ``fraction`` of the gap between the
+    first (initial) and the last (final) loss; None when the loss never fell."""
+    initial, final = float(losses[0]), float(losses[-1])
+    if not final < initial:
+        return None
+    target = initial - fraction * (initial - final)
+    for step, loss in zip(steps, losses, strict=True):
+        if loss <= target:
+            return int(step) * batch_size
+    return None  # unreachable: the last loss meets the target
+
+
+def plateaued(losses: Sequence[float], tail: float = 0.25, tolerance: float = 0.1) -> bool:
+    """True when the loss fell by less than ``tolerance`` (relative) over the last ``tail`` of training: a model
+    still improving at the end has no final loss or convergence point to compare yet."""
+    losses = [float(v) for v in losses]
+    start = losses[min(len(losses) - 1, math.floor((1 - tail) * (len(losses) - 1)))]
+    return losses[-1] >= (1 - tolerance) * start
+
+
+def separated(a: tuple[float, float], b: tuple[float, float]) -> bool:
+    """True when two (mean, half-width) intervals do not overlap."""
+    return abs(a[0] - b[0]) > a[1] + b[1]
+
+
+# -- training -------------------------------------------------------------------------------------------------------
+@dataclass
+class GroupResult:
+    """What one group's training measured: test/train curves and every final per-prompt error."""
+
+    spec: GroupSpec
+    steps: list[int]
+    test_curve: torch.Tensor  # (S, evaluations)
+    train_curve: torch.Tensor  # (S, evaluations)
+    errors: dict[str, torch.Tensor]  # evaluation set -> (S, prompts) query errors of the final models
+    seconds: float
+
+    def final(self, name: str) -> torch.Tensor:
+        """``(S,)`` final loss of every seed on an evaluation set."""
+        return self.errors[name].mean(1)
+
+    def interval(self, name: str) -> tuple[float, float]:
+        mean, half = seed_interval(self.final(name))
+        return float(mean), float(half)
+
+    def mean_curve(self) -> torch.Tensor:
+        return self.test_curve.mean(0)
+
+    def samples(self) -> list[int]:
+        return [s * self.spec.batch_size for s in self.steps]
+
+    def samples_to_90(self) -> int | None:
+        """Table 3's number, on the mean of the seeds' test curves."""
+        return samples_to_converge(self.steps, self.mean_curve().tolist(), self.spec.batch_size)
+
+    def samples_to_90_per_seed(self) -> list[int | None]:
+        return [samples_to_converge(self.steps, c.tolist(), self.spec.batch_size) for c in self.test_curve]
+
+    def plateaued(self) -> bool:
+        return plateaued(self.mean_curve().tolist())
+
+    def trivial(self, name: str = "test") -> float:
+        """The trivial (zero) predictor's loss on the same prompts as :meth:`final`."""
+        return trivial_errors(self.spec)[name]
+
+    def subject(self, name: str = "test") -> Subject:
+        """This group (the mean over seeds of its final loss on evaluation set ``name``) for the testability rule."""
+        label = self.spec.name if name == "test" else f"{self.spec.name} ({name})"
+        return Subject(label, float(self.final(name).mean()), self.trivial(name))
+
+    def save(self, run_dir: Path) -> None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in self.errors.items()}, run_dir / ERRORS_FILE)  # no pickle
+        record = {
+            "spec": self.spec.to_dict(),
+            "steps": self.steps,
+            "test_curve": self.test_curve.tolist(),
+            "train_curve": self.train_curve.tolist(),
+            "seconds": self.seconds,
+        }
+        (run_dir / "run.json").write_text(json.dumps(record))  # last: its presence marks a finished run
+
+    @classmethod
+    def load(cls, run_dir: Path) -> GroupResult:
+        record = read_run_json(run_dir / "run.json")
+        return cls(
+            GroupSpec.from_dict(record["spec"]),
+            record["steps"],
+            torch.tensor(record["test_curve"], dtype=torch.float64),
+            torch.tensor(record["train_curve"], dtype=torch.float64),
+            read_run_tensors(run_dir / ERRORS_FILE),
+            record["seconds"],
+        )
+
+
+def _score(ensemble: SeedEnsemble, prompts: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    xs, ys = prompts
+    return query_errors(ensemble.predict(xs, ys), ys)
+
+
+def group_ensemble(spec: GroupSpec) -> SeedEnsemble:
+    """Every seed of ``spec`` as one stacked model with its optimizer, untrained."""
+    recipe = RECIPES[spec.recipe]
+    return SeedEnsemble(
+        recipe.model_type,
+        spec.group_model_config(),
+        spec.seeds,
+        spec.learning_rate,
+        attn_implementation=recipe.attn_implementation,
+    )
+
+
+def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> GroupResult:
+    """Train every seed of ``spec`` in lockstep, scoring the test and training prompts at step 0 and every
+    ``eval_steps`` steps; save the result and one ``save_pretrained`` model per seed to ``run_dir``."""
+    recipe = RECIPES[spec.recipe]
+    ensemble = group_ensemble(spec)
+    task, pool, sets = study_task(), training_prompts(spec), evaluation_sets(spec)
+    steps, test, train = [], [], []
+
+    def record(step: int) -> None:
+        steps.append(step)
+        test.append(_score(ensemble, sets["test"]).mean(1))
+        train.append(_score(ensemble, sets["train"]).mean(1))
+
+    log(
+        f"training {spec.name}: {recipe.model_type}, {len(spec.seeds)} seeds × {spec.steps} steps × "
+        f"{spec.batch_size} prompts, width {spec.n_embd} (pid {os.getpid()}, {torch.get_num_threads()} threads)"
+    )
+    started = last_log = time.perf_counter()
+    record(0)
+    for step in range(spec.steps):
+        ensemble.step(*draw_batches(task, pool, spec.batch_size, spec.seeds, step))
+        done = step + 1
+        if done % spec.eval_steps == 0 or done == spec.steps:
+            record(done)
+            now = time.perf_counter()
+            if now - last_log >= log_every and done < spec.steps:
+                last_log = now
+                rate = done / (now - started)
+                log(
+                    f"  {spec.name}: step {done}/{spec.steps} ({rate:.1f} steps/s, about "
+                    f"{(spec.steps - done) / rate / 60:.1f} min left), test loss {float(test[-1].mean()):.4f}"
+                )
+    result = GroupResult(
+        spec,
+        steps,
+        torch.stack(test, 1),
+        torch.stack(train, 1),
+        {name: _score(ensemble, prompts) for name, prompts in sets.items()},
+        time.perf_counter() - started,
+    )
+    ensemble.save_models(run_dir)
+    result.save(run_dir)
+    log(f"  {spec.name} done in {result.seconds / 60:.1f} min, test loss {float(result.final('test').mean()):.4f}")
+    return result
+
+
+def _finished(spec: GroupSpec, run_dir: Path) -> bool:
+    saved = run_dir / "run.json"
+    # a run from before the errors moved to safetensors (errors.pt) is trained again, never unpickled
+    finished = saved.is_file() and (run_dir / ERRORS_FILE).is_file()
+    return finished and json.loads(saved.read_text())["spec"] == spec.to_dict()
+
+
+def _train_in_worker(spec: dict, run_dir: str, threads: int) -> str:
+    """Entry point of a worker process (one per core by default)."""
+    torch.set_num_threads(threads)
+    train_group(GroupSpec.from_dict(spec), Path(run_dir))
+    return spec["recipe"] + f"_L{spec['depth']}"
+
+
+def run_groups(
+    specs: Sequence[GroupSpec], runs_dir: Path, *, retrain: bool = False, workers: int | None = None
+) -> dict[str, GroupResult]:
+    """Train the groups not already finished with the same spec (``retrain``: all of them), longest first, in
+    ``workers`` processes (default: one per core, each with one thread; 1: in this process); load every result."""
+    todo = [s for s in specs if retrain or not _finished(s, runs_dir / s.name)]
+    for spec in specs:
+        if spec not in todo:
+            log(f"reusing {runs_dir / spec.name} (trained with the same settings)")
+    todo.sort(key=GroupSpec.cost, reverse=True)
+    workers = min(workers or usable_cores(), len(todo))
+    if todo:
+        log(f"{len(todo)} group(s) to train: {', '.join(s.name for s in todo)}")
+    if workers <= 1:
+        for spec in todo:
+            train_group(spec, runs_dir / spec.name)
+    else:
+        threads = max(1, usable_cores() // workers)
+        log(f"{len(todo)} groups in {workers} processes × {threads} threads")
+        with worker_pool(workers) as pool:
+            jobs = [pool.submit(_train_in_worker, s.to_dict(), str(runs_dir / s.name), threads) for s in todo]
+            for job in as_completed(jobs):
+                job.result()  # re-raises a worker's error here
+    return {spec.name: GroupResult.load(runs_dir / spec.name) for spec in specs}
+
+
+def parameter_counts(n_embd: int = DOCUMENT_WIDTH) -> dict[str, dict[int, dict[str, int]]]:
+    """Trainable parameters of our models, and the same models counted as the study's code counts them: its
+    softmax model is transformers' ``GPT2Model`` with GPT-2's 50 257-token table (unused: prompts enter through the
+    read-in, yet counted), its linear model has no final LayerNorm."""
+    counts = {}
+    for key, recipe in RECIPES.items():
+        counts[key] = {}
+        for depth in DEPTHS:
+            model = build_seeded(recipe.model_type, recipe.model_config(n_embd, depth), 0)
+            ours = sum(p.numel() for p in model.parameters() if p.requires_grad)
+            study = ours + GPT2_VOCAB * n_embd if key == "softmax" else ours - 2 * n_embd
+            counts[key][depth] = {"trainable": ours, "as_the_study_counts": study}
+    return counts
+
+
+# -- an experiment's state ------------------------------------------------------------------------------------------
+@dataclass
+class ExperimentState:
+    """An experiment's state: where it writes, at which scale, and the shared runs (trained once per call)."""
+
+    scale: Scale
+    output_dir: Path
+    runs_dir: Path
+    report: Report
+    seed: int = 0
+    retrain: bool = False
+    steps: int | None = None
+    workers: int | None = None
+    _results: dict | None = field(default=None, repr=False)
+    _ablation: dict | None = field(default=None, repr=False)
+
+    def specs(self) -> list[GroupSpec]:
+        return group_specs(self.scale, self.seed, self.steps)
+
+    def ablation(self) -> dict[str, GroupResult]:
+        """The feature-map ablation's groups by map name (:func:`ablation_specs`), trained once (or reused)."""
+        if self._ablation is None:
+            specs = ablation_specs(self.scale, self.seed, self.steps)
+            loaded = run_groups(specs, self.runs_dir, retrain=self.retrain, workers=self.workers)
+            self._ablation = {s.feature_map_name: loaded[s.name] for s in specs}
+            self.report.numbers.setdefault("runs", {}).update(
+                {r.spec.name: {"seconds": r.seconds, "spec": r.spec.to_dict()} for r in loaded.values()}
+            )
+        return self._ablation
+
+    def results(self) -> dict[tuple[str, int], GroupResult]:
+        """Every group's result, trained once (or reused) for all the experiments of this call."""
+        if self._results is None:
+            loaded = run_groups(self.specs(), self.runs_dir, retrain=self.retrain, workers=self.workers)
+            self._results = {(r.spec.recipe, r.spec.depth): r for r in loaded.values()}
+            self.report.numbers["runs"] = {
+                r.spec.name: {"seconds": r.seconds, "spec": r.spec.to_dict()} for r in loaded.values()
+            }
+        return self._results
+
+    def add_runs_note(self, runs: Sequence[GroupResult] | None = None) -> None:
+        """Close the report with where the runs are and how long each took (default: the tables' runs)."""
+        runs = list(self.results().values()) if runs is None else runs
+        self.report.add(
+            "Runs (each group trains all its seeds as one stacked model; a reused run keeps its first time): "
+            + ", ".join(f"{r.spec.name} {r.seconds / 60:.1f} min" for r in runs)
+            + f"; up to {self.workers or usable_cores()} training processes on {usable_cores()} cores. "
+            f"Models: `{self.runs_dir}/GROUP/seedN` (save_pretrained)."
+        )
