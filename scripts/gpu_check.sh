@@ -33,12 +33,12 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/
     ((rc == 0)) || failed+=("$name")
 }
 
-kernel_tests=(tests/test_token_sparse_triton.py tests/test_cab_kernels.py tests/test_kernels_block_sparse_decode.py)
-more_tests=(tests/test_token_selection_triton.py tests/test_cab_attention.py tests/test_cab_causality.py)
+kernel_tests=(tests/kernels/token_sparse/test_triton.py tests/attention/test_cab_triton_backend.py tests/kernels/test_block_sparse_decode.py)
+more_tests=(tests/kernels/token_selection/test_fused.py tests/attention/test_cab.py tests/attention/test_cab_causality.py)
 if ((dry)); then
     export TRITON_INTERPRET=1 OMP_NUM_THREADS=1
     step environment 60 "$python" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
-    step kernel_tests 300 "$python" -m pytest -q -x -p no:cacheprovider tests/test_cab_kernels.py -k "route_table or actually_taken"
+    step kernel_tests 300 "$python" -m pytest -q -x -p no:cacheprovider tests/attention/test_cab_triton_backend.py -k "route_table or actually_taken"
     step bench 300 "$python" -m hf_icl.cli bench cab --smoke --lengths 64 --sparsities 0.9 --output "$out/cab_bench.md"
 else
     step environment 60 "$python" -c "

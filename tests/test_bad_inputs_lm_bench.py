@@ -272,7 +272,16 @@ def test_bench_rejects(argv, words, monkeypatch, capsys, memory_cap, tmp_path):
     def forbidden(*args, **kwargs):
         raise AssertionError("a benchmark started timing before its flags were checked")
 
-    for module in ("samplers", "estimators", "sgpt", "linear_attention", "cab", "cab_pairs"):
+    timed = (
+        "samplers",
+        "estimators",
+        "sgpt",
+        "linear_attention",
+        "cab_kernel_sections",
+        "cab_model_sections",
+        "cab_pairs",
+    )
+    for module in timed:
         monkeypatch.setattr(f"hf_icl.benchmarks.{module}.median_seconds", forbidden, raising=False)
     monkeypatch.setattr(timing, "median_seconds", forbidden)
     monkeypatch.setattr("hf_icl.benchmarks.startup.measure", forbidden)

@@ -12,13 +12,13 @@ from __future__ import annotations
 import ast
 import inspect
 import re
-from pathlib import Path
 
 import pytest
+from repo_paths import REPO
 
 import hf_icl.modeling
 
-ROOT = Path(__file__).resolve().parents[1] / "hf_icl"
+ROOT = REPO / "hf_icl"
 MARKER = re.compile(r"^\s*# Copied from (?P<target>[\w.]+)\s*$")
 
 

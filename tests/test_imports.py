@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+from repo_paths import REPO
+
 HEAVY = ("datasets", "evaluate", "sklearn", "xgboost")
 
 
@@ -32,9 +34,8 @@ def imported_hf_icl_modules(path, package_root) -> list[str]:
 
 def test_layers_import_only_downward():
     # kernels, similarity → attention → modeling → training / evaluation → reproduce → cli: none imports a layer above
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "hf_icl"
+    root = REPO / "hf_icl"
     above = {
         "kernels": {"attention", "modeling", "training", "evaluation", "reproduce", "cli", "quickstart"},
         "similarity": {"attention", "modeling", "training", "evaluation", "reproduce", "cli", "quickstart"},
@@ -60,9 +61,8 @@ def import_graph() -> dict[str, list[tuple[str, list[str]]]]:
     """``{module: [(imported module, [imported names]), ...]}`` over ``hf_icl`` and ``hf_icl_cli``; ``from PKG import
     sub`` counts as an import of ``PKG.sub`` when that is a module, else of ``PKG`` (its ``__init__``)."""
     import ast
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = REPO
     modules = {}
     for top in ("hf_icl", "hf_icl_cli"):
         for path in (root / top).rglob("*.py"):

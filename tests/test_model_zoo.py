@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from huggingface_hub import ModelCard
+from repo_paths import REPO
 from safetensors.torch import load_file
 from transformers import AutoModel
 
@@ -24,7 +25,7 @@ from hf_icl.modeling.model_folder import verify_model_folder
 from hf_icl.training.model_card import card_seeds, prediction_interval, read_card_results, write_model_card
 from hf_icl.training.trainer import EVAL_SEED_OFFSET
 
-MODELS = Path(__file__).resolve().parent.parent / "models"
+MODELS = REPO / "models"
 SCRIPTS = MODELS.parent / "scripts"
 
 

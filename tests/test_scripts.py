@@ -3,17 +3,17 @@
 import importlib.util
 import math
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo_paths import REPO
 
 from hf_icl.benchmarks import BENCHMARKS, run_benchmark
 from hf_icl.benchmarks.cab import flex_block_mask
 from hf_icl.cli import main
 from hf_icl.estimators import get_estimator
 
-SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+SCRIPTS = REPO / "scripts"
 
 
 def load(name):

@@ -1,5 +1,6 @@
 """The benchmarks behind ``hf-icl bench NAME``: each module's ``main(argv)`` prints (and can append) a markdown
-report whose every ratio is against a baseline measured in the same run. The timing helpers live in ``timing``."""
+report whose every ratio is against a baseline measured in the same run. The shared helpers: ``timing`` (medians,
+markdown output), ``memory`` (peak memory of a call), ``report`` (the machine line and environment), ``flags``."""
 
 from importlib import import_module
 

@@ -43,12 +43,10 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -61,6 +59,7 @@ from transformers import PretrainedConfig
 from hf_icl.attention.cab import CABParams, cab_attention_forward, run_selection_only, select_cab_block_indices
 from hf_icl.kernels.roofline import dense_causal_pairs, token_sparse_work
 
+from .report import hardware_name, machine_line
 from .timing import median_seconds
 
 #: where ``scripts/capture_cab_qk.py`` writes by default; the section uses it when ``--qk`` is not given
@@ -451,11 +450,11 @@ def _rows(spec_for, lengths, args, label: str, prefix: str):
 
 
 def _title(args, what: str) -> str:
-    hardware = torch.cuda.get_device_name(args.device) if args.device.type == "cuda" else platform.processor()
-    threads = "" if args.device.type == "cuda" else f", {torch.get_num_threads()} threads"
+    threads = [] if args.device.type == "cuda" else [f"{torch.get_num_threads()} threads"]
+    command = f"hf-icl bench cab {' '.join(args.argv)}"
+    machine = machine_line(command, hardware_name(args.device), *threads, f"torch {torch.__version__}", args.dtype_name)
     return (
-        f"Pairs, {what} (`hf-icl bench cab {' '.join(args.argv)}` · {hardware or platform.machine()}{threads}, "
-        f"torch {torch.__version__}, {args.dtype_name}, {time.strftime('%Y-%m-%d')}): CAB = `cab_attention_forward` "
+        f"Pairs, {what} ({machine}): CAB = `cab_attention_forward` "
         f"(block {args.block_size}, policy {args.policy}, `cab_min_seq_len` 0) vs causal SDPA, interleaved, median of "
         f"{args.repeats} after {args.warmup} warm-up rounds"
         + (f" (CPU: at most {args.pairs_budget:g} s of timed calls per row)" if args.device.type == "cpu" else "")

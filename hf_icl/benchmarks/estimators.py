@@ -11,13 +11,13 @@ both predict the same, then times the other estimators at the same shape. Prints
 from __future__ import annotations
 
 import argparse
-import platform
 
 import torch
 
 from hf_icl.estimators import get_estimator
 
 from .flags import BenchParser, bench_device, bench_memory, check_flags
+from .report import cpu_name
 from .timing import median_seconds
 
 # Vectorised estimators timed at the full batch, with the arguments used for the table.
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> str:
     header = [
         f"### Estimator benchmark: B={args.batch}, N={args.n_points}, d={args.n_dims}, device={args.device}",
         "",
-        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, {cpu_name()}, "
         f"median of {args.repeats} runs after {args.warmup} warm-up (fewer runs for estimators past "
         f"{args.budget:g} s of timing).",
         "",

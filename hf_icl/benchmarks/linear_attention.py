@@ -37,13 +37,9 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import math
 import os
-import platform
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from functools import partial
 
@@ -53,8 +49,24 @@ import torch.nn.functional as F
 from hf_icl.kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
 from hf_icl.kernels.linear_attention_triton import CHUNK_SIZES
 
+# this module: the command line and the measurements; the targets and markdown tables: linear_attention_report
 from .flags import BenchParser, bench_memory
-from .timing import emit_markdown, median_seconds
+from .linear_attention_report import (  # noqa: F401 - the report's names, importable from here as before
+    DECODE_TARGET,
+    GROWTH_SLACK,
+    INTERPRETED_NOTE,
+    MIB,
+    decode_table,
+    decode_target,
+    growth_target,
+    header_lines,
+    layer_table,
+    ratio_or_none,
+    targets_lines,
+)
+from .memory import out_of_memory, peak_bytes
+from .report import environment, load_average, load_text, write_json
+from .timing import emit_markdown, round_robin_medians
 
 BASELINE = "sdpa"
 METHODS = ("sdpa", "parallel", "chunked-torch", "chunked-triton", "chunked-fla", "recurrent")
@@ -65,14 +77,9 @@ GPU_LENGTHS = (1024, 4096, 16384, 65536)
 CPU_LENGTHS = (1024, 4096)
 DECODE_LENGTHS = (100, 1000, 10000)
 GROWTH_LENGTHS = (1024, 16384)
-#: the issue's targets: decode time/token flat within 20%; chunked time ≤ 1.25× linear growth (20 for 1k → 16k)
-DECODE_TARGET = 1.2
-GROWTH_SLACK = 1.25
 #: the Triton interpreter runs a kernel program by program in Python: only B·H·T up to this is attempted on CPU
 INTERPRET_MAX_TOKEN_HEADS = 4096
-INTERPRETED_NOTE = "Triton interpreter: a smoke run, not a speed"
 GPT2_VOCAB = 50257
-MIB = 2**20
 GIB = 2**30
 
 
@@ -249,50 +256,8 @@ def _input_bytes(shape: tuple[int, int, int], length: int, itemsize: int) -> int
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Measurements: peak memory and round-robin medians
+# Section 1: forward + backward of one layer
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def peak_bytes(fn: Callable[[], None], device: torch.device) -> int | None:
-    """Peak memory allocated during ``fn()`` above what was allocated before it (see the module docstring)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        before = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        fn()
-        torch.cuda.synchronize(device)
-        return torch.cuda.max_memory_allocated(device) - before
-    return _profiled_cpu_peak(fn)
-
-
-def _profiled_cpu_peak(fn: Callable[[], None]) -> int | None:
-    from torch.profiler import ProfilerActivity, profile
-
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    try:  # the allocator's events in order: + bytes allocated, - bytes freed
-        events = [e for e in prof.profiler.kineto_results.events() if e.name() == "[memory]"]
-    except AttributeError:  # a torch whose profiler keeps its events elsewhere: say n/a rather than guess
-        return None
-    live = peak = 0
-    for event in sorted(events, key=lambda e: e.start_ns()):  # stable: same-time events keep their order
-        live += event.nbytes()
-        peak = max(peak, live)
-    return peak
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    text = str(error)
-    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in text or "can't allocate memory" in text
-
-
-def round_robin_medians(functions: dict[str, Callable[[], None]], repeats: int, device) -> dict[str, float]:
-    """Median seconds of each function, one run of each per round over ``repeats`` rounds (warm-up done)."""
-    samples: dict[str, list[float]] = {name: [] for name in functions}
-    for _ in range(repeats):
-        for name, fn in functions.items():
-            samples[name].append(median_seconds(fn, 1, device, warmup=0))
-    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def _warm_up(fn: Callable[[], None], args: argparse.Namespace, measure_memory: bool) -> int | None:
@@ -304,11 +269,6 @@ def _warm_up(fn: Callable[[], None], args: argparse.Namespace, measure_memory: b
         return peak_bytes(fn, args.torch_device)
     fn()
     return None
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Section 1: forward + backward of one layer
-# ----------------------------------------------------------------------------------------------------------------
 
 
 def _layer_inputs(shape: tuple[int, int, int], length: int, args: argparse.Namespace):
@@ -387,7 +347,7 @@ def _interpreted(method: str, args: argparse.Namespace) -> bool:
 
 def _failure(error: BaseException, method: str, length: int) -> str:
     print(f"{method} at T={length} failed: {type(error).__name__}: {error}", file=sys.stderr)
-    return "out of memory" if _out_of_memory(error) else f"failed ({type(error).__name__})"
+    return "out of memory" if out_of_memory(error) else f"failed ({type(error).__name__})"
 
 
 def _release(args: argparse.Namespace) -> None:
@@ -401,13 +361,9 @@ def add_ratios(rows: list[dict]) -> list[dict]:
     for row in rows:
         base = baseline.get(row["length"])
         row["sdpa_seconds"] = None if base is None else base["seconds"]
-        row["time_vs_sdpa"] = _divide(row["seconds"], row["sdpa_seconds"])
-        row["peak_vs_sdpa"] = _divide(row["peak_bytes"], None if base is None else base["peak_bytes"])
+        row["time_vs_sdpa"] = ratio_or_none(row["seconds"], row["sdpa_seconds"])
+        row["peak_vs_sdpa"] = ratio_or_none(row["peak_bytes"], None if base is None else base["peak_bytes"])
     return rows
-
-
-def _divide(numerator, denominator):
-    return None if numerator is None or not denominator else numerator / denominator
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -485,157 +441,14 @@ def measure_decode(args: argparse.Namespace) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Targets
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def decode_target(per_token: dict[int, float]) -> dict:
-    """Time/token at the longest prompt over that at the shortest, against :data:`DECODE_TARGET`."""
-    short, long = min(per_token), max(per_token)
-    ratio = per_token[long] / per_token[short]
-    return {"short": short, "long": long, "ratio": ratio, "target": DECODE_TARGET, "met": ratio <= DECODE_TARGET}
-
-
-def growth_target(rows: list[dict], method: str, lengths: list[int]) -> dict:
-    """``method``'s time(T2)/time(T1) against ``GROWTH_SLACK·T2/T1``; ``met`` None if either is unmeasured or
-    interpreted (a verdict on the Triton interpreter's speed would mean nothing)."""
-    short, long = lengths
-    target = GROWTH_SLACK * long / short
-    measured = {row["length"]: row for row in rows if row["method"] == method and row["status"] == "ok"}
-    ratio = _divide(*(measured[t]["seconds"] if t in measured else None for t in (long, short)))
-    interpreted = any(row["note"] == INTERPRETED_NOTE for row in measured.values())
-    met = None if ratio is None or interpreted else ratio <= target
-    return {"method": method, "short": short, "long": long, "ratio": ratio, "target": target, "met": met}
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Report
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _cell(value, scale: float = 1.0, digits: int = 3, suffix: str = "") -> str:
-    return "—" if value is None else f"{value * scale:.{digits}f}{suffix}"
-
-
-def _peak_cell(row: dict) -> str:
-    if row["status"] != "ok":
-        return "—"
-    return "n/a" if row["peak_bytes"] is None else f"{row['peak_bytes'] / MIB:.1f}"
-
-
-def _plural(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _verdict(met: bool | None) -> str:
-    return "n/a" if met is None else ("PASS" if met else "MISS")
-
-
-def layer_table(result: dict) -> list[str]:
-    config = result["config"]
-    batch, heads, dim = config["shape"]
-    lines = [
-        f"Forward + backward of one attention layer (B={batch}, H={heads}, D={dim}, {config['dtype']}; linear "
-        f"attention: squared_relu features, normalised, chunk {config['chunk_size']}; memory budget "
-        f"{config['memory_budget_gb']:.1f} GiB). Peak: allocated during one fwd+bwd above the inputs "
-        f"({result['environment']['memory_method']}).",
-        "",
-        "| T | method | fwd+bwd ms | SDPA ms | time / SDPA | peak MiB | peak / SDPA | estimate MiB | note |",
-        "|---:|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for row in result["layer"]:
-        lines.append(
-            f"| {row['length']} | {row['method']} | {_cell(row['seconds'], 1e3)} | {_cell(row['sdpa_seconds'], 1e3)} "
-            f"| {_cell(row['time_vs_sdpa'], digits=2, suffix='×')} | {_peak_cell(row)} "
-            f"| {_cell(row['peak_vs_sdpa'], digits=2, suffix='×')} | {row['estimate_bytes'] / MIB:.1f} "
-            f"| {row['note']} |"
-        )
-    return lines
-
-
-def decode_table(result: dict) -> list[str]:
-    config, decode = result["config"], result["decode"]
-    batch, heads, dim = config["shape"]
-    lines = [
-        f"Decode, ms per step (one new token for each of B={batch} sequences; median of {config['decode_repeats']} "
-        f"round-robin rounds): one layer's `linear_attention_step` on a prefilled (S, z), and "
-        f"`LinearGPTForCausalLM` ({_plural(config['decode_layers'], 'layer')}, width {heads * dim}, {heads} heads, "
-        f"vocabulary {config['decode_vocab']}, random weights) on a prefilled `LinearAttentionCache`:",
-        "",
-        "| prompt tokens | layer step ms | model ms/token |",
-        "|---:|---:|---:|",
-    ]
-    for length in config["decode_lengths"]:
-        lines.append(
-            f"| {length} | {_cell(decode['layer'][length], 1e3, 4)} | {_cell(decode['model'][length], 1e3, 3)} |"
-        )
-    return lines
-
-
-def targets_lines(result: dict) -> list[str]:
-    lines = ["Targets (computed from the numbers above):", ""]
-    for kind, label in (("model", "LinearGPTForCausalLM cache"), ("layer", "one layer's linear_attention_step")):
-        target = result["targets"]["decode"][kind]
-        lines.append(
-            f"- decode ({label}): time/token at {target['long']} tokens / at {target['short']} = "
-            f"{target['ratio']:.2f} (target ≤ {target['target']:g}): **{_verdict(target['met'])}**"
-        )
-    for target in result["targets"]["growth"]:
-        ratio = "not measured at both lengths" if target["ratio"] is None else f"{target['ratio']:.1f}"
-        why = " (interpreted)" if target["ratio"] is not None and target["met"] is None else ""
-        lines.append(
-            f"- chunked growth ({target['method']}): time(T={target['long']}) / time(T={target['short']}) = {ratio} "
-            f"(target ≤ {target['target']:g}; linear: {target['long'] / target['short']:g}): "
-            f"**{_verdict(target['met'])}**{why}"
-        )
-    return lines
-
-
-def header_lines(result: dict, argv: list[str]) -> list[str]:
-    env = result["environment"]
-    return [
-        f"`{' '.join(['hf-icl bench linear-attention', *argv])}`",
-        "",
-        f"{env['hardware']}, torch {env['torch']}, {env['threads']} torch threads, {env['date']}, 1-min load "
-        f"average {env['load_average_start']} at the start; median of {result['config']['repeats']} round-robin "
-        f"rounds after {max(result['config']['warmup'], 1)} untimed run(s) of each (the last measures memory).",
-        "",
-    ]
-
-
-# ----------------------------------------------------------------------------------------------------------------
 # Entry point
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _hardware(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    try:  # Linux names the CPU model here; platform.processor() is often empty
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
-    except OSError:
-        model = ""
-    return f"{model or platform.processor() or platform.machine()} ({platform.machine()}), {os.cpu_count()} CPUs"
-
-
-def _load_average() -> str:
-    try:
-        return f"{os.getloadavg()[0]:.2f}"
-    except (AttributeError, OSError):
-        return "n/a"
-
-
 def _environment(args: argparse.Namespace) -> dict:
     memory = "torch.cuda.max_memory_allocated" if args.device == "cuda" else "CPU allocator events, torch.profiler"
-    return {
-        "hardware": _hardware(args.device),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-        "load_average_start": _load_average(),
-        "memory_method": memory,
-    }
+    start = load_text(load_average())
+    return environment(args.device, architecture=True) | {"load_average_start": start, "memory_method": memory}
 
 
 def _config(args: argparse.Namespace) -> dict:
@@ -660,12 +473,10 @@ def main(argv: list[str] | None = None) -> str:
         "decode": {kind: decode_target(result["decode"][kind]) for kind in ("model", "layer")},
         "growth": [growth_target(result["layer"], method, args.growth_lengths) for method in CHUNKED],
     }
-    result["environment"]["load_average_end"] = end = _load_average()
+    result["environment"]["load_average_end"] = end = load_text(load_average())
     report.append(emit_markdown([*targets_lines(result), "", f"1-min load average at the end: {end}."], args.output))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-            handle.write("\n")
+        write_json(args.json, result)
     return "\n".join(report)
 
 

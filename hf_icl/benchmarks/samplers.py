@@ -6,14 +6,13 @@ hf-icl bench samplers --batch-size 1280 --n-points 41 --n-dims 20 --output docs/
 from __future__ import annotations
 
 import argparse
-import platform
-import time
 
 import torch
 
 from hf_icl.data.tasks import available_tasks, get_task
 
 from .flags import BenchParser, bench_device, bench_memory, check_flags
+from .report import cpu_name, machine_line
 from .timing import emit_markdown, median_seconds
 
 # Families whose input dimension is part of their definition.
@@ -60,9 +59,13 @@ def main(argv=None) -> str:
     lines = [
         f"### Sampler throughput (B={args.batch_size}, N={args.n_points}, d={args.n_dims}, device={args.device})",
         "",
-        f"`hf-icl bench samplers --batch-size {args.batch_size} --n-points {args.n_points} "
-        f"--n-dims {args.n_dims} --device {args.device}` · {platform.processor() or platform.machine()}, "
-        f"{torch.get_num_threads()} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}",
+        machine_line(
+            f"hf-icl bench samplers --batch-size {args.batch_size} --n-points {args.n_points} "
+            f"--n-dims {args.n_dims} --device {args.device}",
+            cpu_name(),
+            f"{torch.get_num_threads()} threads",
+            f"torch {torch.__version__}",
+        ),
         "",
         "| family | d | median ms / batch | prompts / s |",
         "|---|---:|---:|---:|",

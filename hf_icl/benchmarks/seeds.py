@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import statistics
 import subprocess
@@ -29,6 +28,7 @@ from hf_icl.training import ICLTrainingArguments, train
 from hf_icl.training.seed_stack import seed_arguments
 
 from .flags import BenchParser, check_flags
+from .report import cpu_name, machine_line
 from .timing import emit_markdown
 
 MODES = ("process", "call")
@@ -148,8 +148,9 @@ def main(argv=None) -> str:
         f"### {args.seeds} seeds stacked vs {args.seeds} separate runs ({args.steps} steps, tiny models, "
         f"B={args.batch_size}, N={args.n_points}, d={args.n_dims})",
         "",
-        f"`{command}` · {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-        f"{args.threads} threads, torch {torch.__version__}, {time.strftime('%Y-%m-%d')}",
+        machine_line(
+            command, cpu_name(), f"{os.cpu_count()} cores", f"{args.threads} threads", f"torch {torch.__version__}"
+        ),
         "",
         "| model | separate runs as | stacked s | separate s | speed-up | every seed bit-identical |",
         "|---|---|---:|---:|---:|---|",

@@ -27,12 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import itertools
-import json
-import os
-import platform
-import statistics
 import sys
-import time
 
 import torch
 
@@ -41,7 +36,9 @@ from hf_icl.modeling.gpt2_icl import GPT2ForInContextRegression, GPT2ICLConfig
 from hf_icl.modeling.sgpt import SGPTConfig, SGPTForInContextRegression, per_prefix_predictions
 
 from .flags import BenchParser, bench_memory
-from .timing import emit_markdown, median_seconds
+from .memory import cuda_peak_bytes
+from .report import environment, load_average, write_json
+from .timing import emit_markdown, round_robin_medians
 
 #: the speed-ups the issue asks for (reported as met or not, never asserted)
 TRAIN_STEP_TARGET = 1.3
@@ -112,7 +109,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def build_model(args: argparse.Namespace, family: str, prompt_format: str) -> torch.nn.Module:
+def bench_model(args: argparse.Namespace, family: str, prompt_format: str) -> torch.nn.Module:
     """A freshly initialised model (seeded by ``args.seed``) of the benchmark's width and depth, on its device."""
     torch.manual_seed(args.seed)
     shape = {"n_dims": args.n_dims, "n_points": args.n_points, "n_embd": args.n_embd, "n_layer": args.n_layer}
@@ -171,27 +168,13 @@ def saved_for_backward_bytes(model: torch.nn.Module, xs: torch.Tensor, ys: torch
     return sum(saved.values())
 
 
-def cuda_step_peak_bytes(step, device: str) -> int:
-    """Peak ``torch.cuda.max_memory_allocated`` during one ``step()`` above the memory allocated before it."""
-    torch.cuda.synchronize(device)
-    before = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    step()
-    torch.cuda.synchronize(device)
-    return torch.cuda.max_memory_allocated(device) - before
-
-
-def round_robin_medians(functions: dict, args: argparse.Namespace) -> dict[str, float]:
+def warmed_medians(functions: dict, args: argparse.Namespace) -> dict[str, float]:
     """Median seconds of each zero-argument function, timed one run of each per round over ``args.repeats`` rounds
     after ``args.warmup`` untimed runs of each."""
     for fn in functions.values():
         for _ in range(args.warmup):
             fn()
-    samples: dict[str, list[float]] = {name: [] for name in functions}
-    for _ in range(args.repeats):
-        for name, fn in functions.items():
-            samples[name].append(median_seconds(fn, 1, args.device, warmup=0))
-    return {name: statistics.median(times) for name, times in samples.items()}
+    return round_robin_medians(functions, args.repeats, args.device)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -201,9 +184,9 @@ def round_robin_medians(functions: dict, args: argparse.Namespace) -> dict[str, 
 
 def train_step_section(args: argparse.Namespace) -> dict:
     batches = make_batches(args, args.warmup + args.repeats)
-    models = {key: build_model(args, family, fmt) for key, (_, family, fmt) in TRAIN_MODELS.items()}
+    models = {key: bench_model(args, family, fmt) for key, (_, family, fmt) in TRAIN_MODELS.items()}
     steps = {key: make_train_step(model, batches, args) for key, model in models.items()}
-    medians = round_robin_medians(steps, args)
+    medians = warmed_medians(steps, args)
     rows = {}
     for key, model in models.items():
         label, _, fmt = TRAIN_MODELS[key]
@@ -215,9 +198,7 @@ def train_step_section(args: argparse.Namespace) -> dict:
             "ms_per_step": 1e3 * medians[key],
             "speedup_vs_baseline": medians[BASELINE] / medians[key],
             "saved_for_backward_mib": saved_for_backward_bytes(model, *batches[0], args) / 2**20,
-            "cuda_step_peak_mib": (
-                cuda_step_peak_bytes(steps[key], args.device) / 2**20 if args.device == "cuda" else None
-            ),
+            "cuda_step_peak_mib": cuda_peak_bytes(steps[key], args.device) / 2**20 if args.device == "cuda" else None,
         }
     gpt2_attention = models[BASELINE].config._attn_implementation
     sgpt = medians["sgpt_concatenated"]
@@ -233,7 +214,7 @@ def train_step_section(args: argparse.Namespace) -> dict:
 
 
 def all_prefix_section(args: argparse.Namespace) -> dict:
-    model = build_model(args, "sgpt", "concatenated").eval()
+    model = bench_model(args, "sgpt", "concatenated").eval()
     xs, ys = make_batches(args, 1)[0]
 
     @torch.no_grad()
@@ -245,7 +226,7 @@ def all_prefix_section(args: argparse.Namespace) -> dict:
         with autocast_context(args):
             return per_prefix_predictions(model, xs, ys)
 
-    medians = round_robin_medians({"one_pass": one_pass, "per_prefix": per_prefix}, args)
+    medians = warmed_medians({"one_pass": one_pass, "per_prefix": per_prefix}, args)
     # the equality check runs in float32 (no autocast), whatever --dtype the timing used
     with torch.no_grad():
         fast = model(xs, ys, check_inputs=False).predictions.double()
@@ -273,23 +254,17 @@ def measure(args: argparse.Namespace) -> dict:
     """Both sections; a dict of plain numbers (what ``--json`` writes)."""
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    load_start = _load_average()
+    load_start = load_average()
     train = train_step_section(args)
     prefix = all_prefix_section(args)
+    machine = environment(args.device) | {"load_average_start": load_start, "load_average_end": load_average()}
     return {
         "config": {
             key: getattr(args, key)
             for key in ("n_embd", "n_layer", "n_head", "n_dims", "n_points", "batch", "device", "dtype")
         }
         | {"repeats": args.repeats, "warmup": args.warmup, "seed": args.seed},
-        "environment": {
-            "hardware": _hardware(args.device),
-            "torch": torch.__version__,
-            "threads": torch.get_num_threads(),
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
-            "load_average_start": load_start,
-            "load_average_end": _load_average(),
-        },
+        "environment": machine,
         "train_step": train,
         "all_prefix": prefix,
     }
@@ -362,33 +337,13 @@ def format_report(result: dict, argv: list[str]) -> list[str]:
     return lines
 
 
-def _hardware(device: str) -> str:
-    if device == "cuda":
-        return torch.cuda.get_device_name()
-    try:  # Linux names the CPU model here; platform.processor() is often empty there
-        with open("/proc/cpuinfo", encoding="utf-8") as handle:
-            model = next((line.split(":", 1)[1].strip() for line in handle if line.startswith("model name")), "")
-    except OSError:
-        model = ""
-    return f"{model or platform.processor() or platform.machine()}, {os.cpu_count()} CPUs"
-
-
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):  # not on every platform
-        return None
-
-
 def main(argv: list[str] | None = None) -> str:
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parse_args(argv)
     result = measure(args)
     report = emit_markdown(format_report(result, argv), args.output)
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(result, handle, indent=2)
-            handle.write("\n")
+        write_json(args.json, result)
     return report
 
 

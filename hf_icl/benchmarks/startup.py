@@ -19,6 +19,7 @@ import sys
 import time
 
 from .flags import BenchParser, check_flags
+from .report import cpu_name, load_average, load_text, machine_line
 from .timing import emit_markdown
 
 #: case → Python code a fresh interpreter runs
@@ -56,7 +57,7 @@ def main(argv=None) -> str:
     parser.add_argument("--output", default=None, help="append the markdown table to this file")
     args = parser.parse_args(argv)
     check_flags(parser, args, ints={"repeats": (1, None)})
-    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
+    load = load_text(load_average())
     medians = measure(args.repeats)
     baseline = medians["baseline: import torch, transformers.modeling_utils"]
     added = medians["import hf_icl"] - baseline
@@ -64,9 +65,13 @@ def main(argv=None) -> str:
     lines = [
         "### Start-up time",
         "",
-        f"`hf-icl bench startup --repeats {args.repeats}` · {platform.processor() or platform.machine()}, "
-        f"{os.cpu_count()} cores, load average {load:.2f} at the start, Python {platform.python_version()}, "
-        f"{time.strftime('%Y-%m-%d')}",
+        machine_line(
+            f"hf-icl bench startup --repeats {args.repeats}",
+            cpu_name(),
+            f"{os.cpu_count()} cores",
+            f"load average {load} at the start",
+            f"Python {platform.python_version()}",
+        ),
         "",
         "| case | median wall s (fresh interpreter) |",
         "|---|---:|",

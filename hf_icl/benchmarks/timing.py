@@ -1,4 +1,5 @@
-"""Timing and report helpers shared by the benchmarks: median run time (CUDA events on a GPU) and markdown output."""
+"""Timing and report helpers shared by the benchmarks: median run time (CUDA events on a GPU), round-robin medians
+and markdown output."""
 
 from __future__ import annotations
 
@@ -46,6 +47,16 @@ def _median_cuda_seconds(fn: Callable, repeats: int, inputs: tuple) -> float:
         end.record()
     torch.cuda.synchronize()
     return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
+
+
+def round_robin_medians(functions: dict, repeats: int, device: str | torch.device) -> dict:
+    """Median seconds of each zero-argument function, timed one run of each per round over ``repeats`` rounds (warm-up
+    done by the caller), so that a load change on a shared machine hits every function alike."""
+    samples: dict = {name: [] for name in functions}
+    for _ in range(repeats):
+        for name, fn in functions.items():
+            samples[name].append(median_seconds(fn, 1, device, warmup=0))
+    return {name: statistics.median(times) for name, times in samples.items()}
 
 
 def emit_markdown(lines: list[str], output: str | None) -> str:

@@ -29,6 +29,9 @@ import datasets
 
 from ..validation import check_int
 from . import inputs as _inputs_module
+from . import linear_tasks as _linear_tasks_module
+from . import nonlinear_tasks as _nonlinear_tasks_module
+from . import task_family as _task_family_module
 from . import tasks as _tasks_module
 from .niah import NeedleInAHaystack as NeedleInAHaystack  # re-exported: the passkey builder lives in niah.py
 from .niah import NeedleInAHaystackConfig as NeedleInAHaystackConfig
@@ -46,7 +49,8 @@ _CONFIG_OWNED = ("n_dims", "n_tasks", "pool_seed")
 def code_hash() -> str:
     """Digest of the code that generates prompts; part of the cache key so edits invalidate caches."""
     digest = hashlib.sha256()
-    for module in (_tasks_module, _inputs_module):
+    task_modules = (_tasks_module, _task_family_module, _linear_tasks_module, _nonlinear_tasks_module)
+    for module in (*task_modules, _inputs_module):
         digest.update(inspect.getsource(module).encode())
     digest.update(inspect.getsource(ICLTasksConfig).encode())
     digest.update(inspect.getsource(ICLTasks).encode())

@@ -24,6 +24,10 @@ enough); multivalue's needles at the boundaries nearest ``depth + j * (1 - depth
 haystack's end (at depth 1 they all sit, in order, right before the question). Needles that share a
 boundary follow each other. ``(seed, context_length, depth, sample)`` fixes every key, value and position.
 
+The needles (variants, templates, keys and values) are in :mod:`~hf_icl.data.niah_variants`, the haystacks in
+:mod:`~hf_icl.data.haystacks`, the tokenizer helpers in :mod:`~hf_icl.data.niah_tokens`; this module puts them
+together (:class:`NeedleInAHaystackConfig`, :class:`NeedleInAHaystack`) and is where they are imported from.
+
 Example::
 
     from hf_icl.data.builders import NeedleInAHaystack, NeedleInAHaystackConfig
@@ -44,11 +48,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-import os
-import random
-import re
 import sys
-import uuid
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, NamedTuple
@@ -56,108 +56,64 @@ from typing import Any, NamedTuple
 import datasets
 
 from ..validation import check_choice, check_float, check_int
+from . import haystacks, niah_tokens, niah_variants
+from .haystacks import BUILTIN_HAYSTACKS, FILLER_SENTENCES, PASSKEY_SENTENCES, load_haystack, split_sentences
+from .niah_tokens import Needle, PieceEncoder, load_tokenizer, text_digest, tokenizer_fingerprint
+from .niah_variants import (
+    DEFAULT_NEEDLE,
+    DEFAULT_QUESTION,
+    KEY,
+    KEY_VALUE_NEEDLE,
+    KIND,
+    MULTIKEY_QUESTION,
+    MULTIVALUE_QUESTION,
+    PASSKEY,
+    VALUE,
+    VALUE_KINDS,
+    VARIANT_TEMPLATES,
+    VARIANTS,
+    WORDS,
+    cell_rng,
+    distinct_values,
+    make_passkey,
+    make_value,
+)
 
-PASSKEY = "{passkey}"
-DEFAULT_NEEDLE = "The pass key is {passkey}. Remember it. {passkey} is the pass key."
-DEFAULT_QUESTION = " What is the pass key? The pass key is"
-KEY = "{key}"
-VALUE = "{value}"
-KIND = "{kind}"
-#: RULER's needle for the key-value variants (multikey, multivalue)
-KEY_VALUE_NEEDLE = "One of the special magic {kind}s for {key} is: {value}."
-# the questions end with the needle's colon: greedy exact match then starts at the value (RULER's own questions end
-# in "is" and score by substring, which a model answering ": 60191" passes; exact match would not)
-MULTIKEY_QUESTION = (
-    " What is the special magic {kind} for {key} mentioned in the provided text?"
-    " The special magic {kind} for {key} mentioned in the provided text is:"
-)
-MULTIVALUE_QUESTION = (
-    " What are all the special magic {kind}s for {key} mentioned in the provided text?"
-    " The special magic {kind}s for {key} mentioned in the provided text are:"
-)
-#: needle variants: one passkey, several keys (one asked for), several values of one key (all asked for)
-VARIANTS = ("single", "multikey", "multivalue")
-#: what a needle's value is: random digits, a word of WORDS, a UUID4-format string
-VALUE_KINDS = ("number", "word", "uuid")
-#: the variants' needle and question templates, used where ``needle_template`` / ``question`` are None
-VARIANT_TEMPLATES = {
-    "single": (DEFAULT_NEEDLE, DEFAULT_QUESTION),
-    "multikey": (KEY_VALUE_NEEDLE, MULTIKEY_QUESTION),
-    "multivalue": (KEY_VALUE_NEEDLE, MULTIVALUE_QUESTION),
-}
+__all__ = [
+    "BUILTIN_HAYSTACKS",
+    "DEFAULT_NEEDLE",
+    "DEFAULT_QUESTION",
+    "FILLER_SENTENCES",
+    "KEY",
+    "KEY_VALUE_NEEDLE",
+    "KIND",
+    "MULTIKEY_QUESTION",
+    "MULTIVALUE_QUESTION",
+    "PASSKEY",
+    "PASSKEY_SENTENCES",
+    "VALUE",
+    "VALUE_KINDS",
+    "VARIANTS",
+    "VARIANT_TEMPLATES",
+    "WORDS",
+    "Needle",
+    "NeedleInAHaystack",
+    "NeedleInAHaystackConfig",
+    "PieceEncoder",
+    "cell_rng",
+    "code_hash",
+    "distinct_values",
+    "load_haystack",
+    "load_tokenizer",
+    "make_passkey",
+    "make_value",
+    "split_sentences",
+    "text_digest",
+    "tokenizer_fingerprint",
+]
+
 _DEFAULT_COUNT = 4  # n_keys and n_values
 _DEFAULT_DIGITS = 5  # passkey_digits
-#: Keys and word values: common lowercase nouns and adjectives, none of them a word of the built-in haystacks
-#: or the templates.
-WORDS = tuple(
-    """
-    apple arm army baby bag ball band bank bar base basket bath bear bed bee belt bench bike blade blanket board
-    body bone book boot bottle bowl box brain branch brick bucket butter button cabin cake camera camp candle
-    candy cap car card carpet castle cat cave chain chair chalk cheese cherry chest chicken circle city cloth coat
-    coffee coin collar copper corn cotton cow crown desk diamond dinner dish doctor door dragon drawer dress drum
-    duck eagle egg elbow engine eye face farm feather fence finger fire fish flag floor flute fork fox frog fruit
-    game ghost gift glass glove goat gold grape guitar hammer hand harbor hat heart helmet honey hook horse hotel
-    house ice island jacket jar jelly jewel judge kettle king kitchen kite knife ladder lamp lemon letter library
-    lion lock map marble market mask meadow medal metal milk mirror money monkey motor mouse mouth nail nest net
-    nose notebook ocean office onion orange owl oven paint palace pan paper parrot peach pear pen pencil pepper
-    piano pie pig pillow pilot pipe planet plate pocket potato prince puzzle queen rabbit radio ribbon ring robot
-    rocket rope rose salt saw scarf shark sheep shell ship shirt shoe silver singer sink skirt sock soap soup
-    spoon square station statue stick storm sugar suit sword tail teacher tent thread tiger toast tooth towel
-    tower toy train truck tunnel turtle umbrella vase violin wagon wallet watch wheel whistle window wing wolf
-    yarn zebra angry bold brave bright broad busy cheap clean clever cold cool crazy curly dark deep dirty dry
-    eager empty fair famous fancy fast fat flat fluffy free friendly funny gentle giant glad grand happy hard
-    heavy honest huge hungry icy kind large lazy loud lucky mighty narrow neat nervous noisy odd pink plain polite
-    poor proud purple rapid rare red rich rough round rude sad safe sharp shiny short shy silly simple slim slow
-    smart smooth soft solid sour spicy steep sticky strange strong sweet swift thick thin tiny tough ugly wet wide
-    wild wise wooden young
-    """.split()
-)
-
-#: The passkey test's own haystack (Mohtashami & Jaggi, Landmark Attention): five sentences, repeated. Small
-#: pretrained models (SmolLM2-135M) retrieve from it densely; varied filler prose distracts them.
-PASSKEY_SENTENCES = (
-    "The grass is green.",
-    "The sky is blue.",
-    "The sun is yellow.",
-    "Here we go.",
-    "There and back again.",
-)
-#: haystacks built in, by name
-BUILTIN_HAYSTACKS = ("filler", "passkey")
-
-# Neutral sentences with nothing to remember, in the spirit of the passkey test's "The grass is green."
-FILLER_SENTENCES = (
-    "The grass is green.",
-    "The sky is blue.",
-    "The sun is yellow.",
-    "Here we go.",
-    "There and back again.",
-    "The clouds drift slowly across the sky.",
-    "A light wind moves through the trees.",
-    "The river flows past the old stone bridge.",
-    "Birds sing in the early morning.",
-    "The hills are quiet in the evening.",
-    "Rain falls softly on the roof.",
-    "The road winds through the valley.",
-    "Leaves turn brown in the autumn.",
-    "The lake is calm and still.",
-    "Snow covers the mountain tops in winter.",
-    "The field is full of tall grass.",
-    "A small boat rests on the shore.",
-    "The stars come out at night.",
-    "The moon rises over the forest.",
-    "Flowers open when the sun is warm.",
-    "The path leads down to the sea.",
-    "Waves roll gently onto the sand.",
-    "The air smells of fresh bread.",
-    "A dog sleeps in the shade of a tree.",
-    "The garden gate is painted white.",
-    "Children play in the park after school.",
-    "The clock on the wall ticks quietly.",
-    "A cup of tea cools on the table.",
-    "The wind carries the sound of bells.",
-    "The day ends with a golden sunset.",
-)
 
 # Config fields that enter the fingerprint as they are (tokenizer and haystack enter by content).
 _PLAIN_FIELDS = (
@@ -173,146 +129,15 @@ _PLAIN_FIELDS = (
     "n_keys",
     "n_values",
 )
-_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 
 
 def code_hash() -> str:
-    """Digest of this module's source; part of the cache key so edits to prompt construction invalidate caches."""
-    return hashlib.sha256(inspect.getsource(sys.modules[__name__]).encode()).hexdigest()[:16]
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def split_sentences(text: str) -> list[str]:
-    """Split on ``.``, ``!`` or ``?`` followed by whitespace; whitespace inside a sentence becomes one space."""
-    return [" ".join(part.split()) for part in _SENTENCE_END.split(text) if part.strip()]
-
-
-def cell_rng(purpose: str, seed: int, context_length: int, depth: float, sample: int) -> random.Random:
-    """A generator of its own for every cell and purpose, so cells are independent and reproducible."""
-    return random.Random(f"{purpose}/{seed}/{context_length}/{depth!r}/{sample}")  # str seeds: same in every process
-
-
-def make_passkey(rng: random.Random, digits: int) -> str:
-    """``digits`` random digits, the first nonzero (so the passkey has exactly that many digits)."""
-    return str(rng.randint(1, 9)) + "".join(str(rng.randint(0, 9)) for _ in range(digits - 1))
-
-
-def make_value(rng: random.Random, value_kind: str, digits: int) -> str:
-    """A random value of ``value_kind``: :func:`make_passkey`'s digits, a word of :data:`WORDS` or a UUID4-format
-    string (its 122 random bits from ``rng``, so seeded, unlike ``uuid.uuid4()``)."""
-    if value_kind == "number":
-        return make_passkey(rng, digits)
-    if value_kind == "word":
-        return rng.choice(WORDS)
-    check_choice("value_kind", value_kind, VALUE_KINDS)
-    return str(uuid.UUID(int=rng.getrandbits(128), version=4))
-
-
-def _distinct_values(rng: random.Random, value_kind: str, digits: int, count: int, taken: set[str]) -> list[str]:
-    """``count`` values of :func:`make_value`, distinct from each other and from ``taken``."""
-    values: list[str] = []
-    while len(values) < count:
-        value = make_value(rng, value_kind, digits)
-        if value not in taken and value not in values:
-            values.append(value)
-    return values
-
-
-def tokenizer_fingerprint(tokenizer) -> str:
-    """Digest of the tokenizer's full serialised state: equal fingerprints tokenise identically."""
-    return _digest(type(tokenizer).__name__ + tokenizer.backend_tokenizer.to_str())
-
-
-def load_tokenizer(tokenizer):
-    """The tokenizer object for a name / local path (loaded here, on first use) or the object itself."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerBase
-
-    if isinstance(tokenizer, (str, os.PathLike)) and str(tokenizer):
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer)
-    elif not isinstance(tokenizer, PreTrainedTokenizerBase):
-        raise ValueError(f"tokenizer must be a name, a local path or a PreTrainedTokenizerBase, got {tokenizer!r}")
-    if not getattr(tokenizer, "is_fast", False):
-        # Offsets locate the passkey inside the needle; only tokenizers-backed tokenizers give them.
-        raise ValueError(f"tokenizer must be a fast (tokenizers-backed) tokenizer, got {type(tokenizer).__name__}")
-    return tokenizer
-
-
-def load_haystack(haystack, column: str | None) -> list[str]:
-    """The haystack's sentences, from ``"filler"``, a text file or a text column of a ``datasets.Dataset``."""
-    if isinstance(haystack, datasets.Dataset):
-        check_choice("haystack_column", column, haystack.column_names)
-        texts = haystack[column]
-        bad = next((text for text in texts if not isinstance(text, str)), None)
-        if bad is not None:
-            raise ValueError(f"haystack_column {column!r} must hold strings, got {bad!r}")
-    elif haystack == "filler":
-        texts = list(FILLER_SENTENCES)
-    elif haystack == "passkey":
-        texts = list(PASSKEY_SENTENCES)
-    elif isinstance(haystack, (str, os.PathLike)) and os.path.isfile(haystack):
-        with open(haystack, encoding="utf-8") as handle:
-            texts = [handle.read()]
-    else:
-        raise ValueError(
-            f"haystack must be 'filler', 'passkey', the path of an existing text file or a datasets.Dataset, "
-            f"got {haystack!r}"
-        )
-    sentences = [sentence for text in texts for sentence in split_sentences(text)]
-    if not sentences:
-        raise ValueError(f"haystack {haystack!r} holds no sentences")
-    return sentences
-
-
-class Needle(NamedTuple):
-    """A needle's token ids and its passkey's / value's token span ``[start, end)`` within them."""
-
-    ids: list[int]
-    answer_start: int
-    answer_end: int
-
-
-class _Encoder:
-    """Tokenises prompt pieces the same way everywhere: no special tokens, one rule for the joining space.
-
-    Pieces are written with the space that joins them to the previous text (``" The sky is blue."``).
-    Tokenizers that write that space themselves (SentencePiece's ``▁`` prefix) get the piece without it,
-    so that piece by piece concatenation matches how the joined text tokenises.
-    """
-
-    def __init__(self, tokenizer, probe: tuple[str, str]):
-        self.tokenizer = tokenizer
-        first, second = probe
-        head, joined = self._ids(first), self._ids(f"{first} {second}")
-        self.implicit_space = joined != head + self._ids(f" {second}") and joined == head + self._ids(second)
-
-    def _ids(self, text: str) -> list[int]:
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
-
-    def _text(self, piece: str) -> str:
-        return piece[1:] if self.implicit_space and piece.startswith(" ") else piece
-
-    def pieces(self, pieces: list[str]) -> list[list[int]]:
-        return self.tokenizer([self._text(p) for p in pieces], add_special_tokens=False)["input_ids"]
-
-    def piece(self, piece: str) -> list[int]:
-        return self._ids(self._text(piece))
-
-    def span(self, piece: str, char_start: int, char_end: int) -> tuple[list[int], int, int]:
-        """The piece's ids and the token span that covers its characters ``[char_start, char_end)``."""
-        shift = len(piece) - len(self._text(piece))
-        encoded = self.tokenizer(self._text(piece), add_special_tokens=False, return_offsets_mapping=True)
-        hits = [
-            i
-            for i, (lo, hi) in enumerate(encoded["offset_mapping"])
-            if lo < hi and hi > char_start - shift and lo < char_end - shift
-        ]
-        return encoded["input_ids"], (hits[0] if hits else 0), (hits[-1] + 1 if hits else 0)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids)
+    """Digest of the source of this module and of the modules it assembles prompts from (needles, haystacks,
+    tokenizer helpers); part of the cache key so edits to prompt construction invalidate caches."""
+    digest = hashlib.sha256()
+    for module in (sys.modules[__name__], niah_variants, haystacks, niah_tokens):
+        digest.update(inspect.getsource(module).encode())
+    return digest.hexdigest()[:16]
 
 
 class _Draw(NamedTuple):
@@ -372,7 +197,7 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         super().__post_init__()
         self._check_fields()
         self._sentences = load_haystack(self.haystack, self.haystack_column)
-        self._encoder = _Encoder(load_tokenizer(self.tokenizer), (self._sentences[0], self._sentences[-1]))
+        self._encoder = PieceEncoder(load_tokenizer(self.tokenizer), (self._sentences[0], self._sentences[-1]))
         self._sentence_ids = self._encoder.pieces([f" {s}" for s in self._sentences])
         self._needle_text = self.needle_template.replace(KIND, self.value_kind)
         self._question_text = self.question.replace(KIND, self.value_kind)
@@ -464,10 +289,10 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         """Digest of everything that determines the rows (tokenizer and haystack by content)."""
         fields = {
             "tokenizer": tokenizer_fingerprint(self._encoder.tokenizer),
-            "haystack": _digest("\n".join(self._sentences)),
+            "haystack": text_digest("\n".join(self._sentences)),
             **{name: getattr(self, name) for name in _PLAIN_FIELDS},
         }
-        return _digest(json.dumps(fields, sort_keys=True))
+        return text_digest(json.dumps(fields, sort_keys=True))
 
     def create_config_id(self, config_kwargs: dict, custom_features=None) -> str:
         """Cache id from :meth:`fingerprint`: tokenizer objects and datasets have no stable hash of their own."""
@@ -516,7 +341,7 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         rng = cell_rng("needles", *cell)
         keys = rng.sample(WORDS, self.n_keys if self.variant == "multikey" else 1)
         count = self.n_keys if self.variant == "multikey" else self.n_values
-        values = _distinct_values(rng, self.value_kind, self.passkey_digits, count, set(keys))
+        values = distinct_values(rng, self.value_kind, self.passkey_digits, count, set(keys))
         if self.variant == "multikey":  # the first key is asked for, the others are distractors
             return _Draw(keys[0], values[:1], list(zip(keys[1:], values[1:], strict=True)), first)
         return _Draw(keys[0], values, [], first)

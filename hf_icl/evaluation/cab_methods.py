@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..attention import attention_preservation, token_keep_mask
-from ..attention.cab import NAME, POLICIES, CABParams, CABSelection, enable_cab, observe_cab_selection
+from ..attention.cab import POLICIES, CABParams, CABSelection, enable_cab, observe_cab_selection
 from ..validation import check_choice, check_float, check_int
 
 __all__ = [
@@ -390,28 +390,3 @@ class PreservationProbe(SelectionCounter):
 def observing(probe: SelectionCounter | None):
     """A context in which ``probe`` observes every CAB call's selection (nothing for ``None``: a dense method)."""
     return nullcontext() if probe is None else observe_cab_selection(probe)
-
-
-# -- compatibility: evaluation/sparse_icl.py's observers (their own observe(module, query, key, mask, scaling)) --
-
-#: the attention implementation :func:`use_probe` switches to: CAB itself (it is observed directly now)
-PROBE = NAME
-
-
-@contextmanager
-def probing(observer):
-    """While active, every CAB prefill call (``1 < Nq == Nk``) calls ``observer.observe(module, query, key,
-    attention_mask, scaling)`` after it ran. Prefer :func:`observing` with a callback that reads the call's own
-    selection (:class:`~hf_icl.attention.cab.CABSelection`)."""
-
-    def forward(call: CABSelection) -> None:
-        if observer is not None and call.is_prefill:
-            observer.observe(call.module, call.query, call.key, call.attention_mask, call.scaling)
-
-    with observe_cab_selection(forward):
-        yield observer
-
-
-def use_probe(model) -> None:
-    """Run ``model``'s attention through CAB (as its config says), where :func:`probing` observes it."""
-    model.set_attn_implementation(PROBE)

@@ -66,7 +66,6 @@ from .cab_methods import (  # noqa: F401  (re-exported: niah's public names from
     DEFAULT_SPARSITIES,
     DENSE,
     METHOD_NAMES,
-    PROBE,
     SCORED_METHODS,
     NIAHMethod,
     PreservationProbe,
@@ -77,9 +76,7 @@ from .cab_methods import (  # noqa: F401  (re-exported: niah's public names from
     niah_methods,
     observing,
     other_cab_fields,
-    probing,
     restoring_attention,
-    use_probe,
 )
 
 __all__ = [

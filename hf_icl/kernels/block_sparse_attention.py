@@ -348,6 +348,7 @@ def check_tile_config(tiles, kv_group: int, grouped: bool) -> TileConfig:
 # ----------------------------------------------------------------------------------------------------------------
 
 _block_sparse_attention_kernel = None  # the Triton kernel, defined below when triton imports
+count_below = full_key_blocks = load_key_tiles = online_softmax_step = None  # its jit helpers, likewise
 
 if triton is not None:
 
@@ -373,6 +374,51 @@ if triton is not None:
             limit = tl.minimum(first_query + 1, n_k) // BS  # blocks below this one end by first_query and n_k
             n_full = count_below(entries, stride, count, limit)
         return n_full
+
+    @triton.jit
+    def load_key_tiles(
+        k_base,
+        v_base,
+        k_pos,
+        k_ok,
+        ks_n,
+        ks_d,
+        vs_n,
+        vs_d,
+        cols,
+        key_valid_row,
+        kvs_n,
+        MASKED: tl.constexpr,
+        HAS_KEY_MASK: tl.constexpr,
+    ):
+        """``(k_tile, v_tile, k_ok)``: the K and V rows at key positions ``k_pos``. ``MASKED``: only the rows
+        ``k_ok`` (narrowed to the real keys of ``key_valid_row`` with ``HAS_KEY_MASK``) are read, the others are 0;
+        else (a full block or tile) every row is read and ``k_ok`` is returned unread."""
+        k_rows = k_pos.to(tl.int64)[:, None]
+        if MASKED:
+            if HAS_KEY_MASK:
+                k_ok = k_ok & (tl.load(key_valid_row + k_pos.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
+            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0)
+            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0)
+        else:
+            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d)
+            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d)
+        return k_tile, v_tile, k_ok
+
+    @triton.jit
+    def online_softmax_step(s, m_i, MASKED: tl.constexpr):
+        """One online-softmax update from the scores ``s`` (base-2 logits) and the running row maxima ``m_i``:
+        ``(m_new, p, alpha)`` with ``p = exp2(s - m_new)`` and ``alpha = exp2(m_i - m_new)`` the old sums' factor.
+        ``MASKED``: a row with nothing allowed so far keeps ``m = -inf`` and subtracts 0 instead, so exp2 gives 0,
+        not NaN; else (a full tile) every row has finite scores."""
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        if MASKED:
+            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            m_use = m_new
+        p = tl.exp2(s - m_use[:, None])
+        alpha = tl.exp2(m_i - m_use)
+        return m_new, p, alpha
 
     @triton.jit
     def _attend_key_tile(
@@ -412,18 +458,13 @@ if triton is not None:
             listed_ok = listed < n_listed_keys
             block = tl.load(entries + (listed // BS) * stride, mask=listed_ok, other=0)
         else:
+            listed_ok = listed >= 0  # a full tile: every listed key is real (unread)
             block = tl.load(entries + (listed // BS) * stride)
         k_pos = block * BS + listed % BS  # absolute key positions
-        k_rows = k_pos.to(tl.int64)[:, None]
-        if MASKED:
-            k_ok = listed_ok & (k_pos < n_k)
-            if HAS_KEY_MASK:
-                k_ok = k_ok & (tl.load(key_valid_row + k_pos.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
-            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0)
-            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0)
-        else:
-            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d)
-            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d)
+        k_tile, v_tile, k_ok = load_key_tiles(
+            k_base, v_base, k_pos, listed_ok & (k_pos < n_k), ks_n, ks_d, vs_n, vs_d, cols, key_valid_row, kvs_n,
+            MASKED, HAS_KEY_MASK,
+        )  # fmt: skip
         if UPCAST_DOT:
             k_tile = k_tile.to(tl.float32)
             v_tile = v_tile.to(tl.float32)
@@ -431,14 +472,7 @@ if triton is not None:
         s = tl.dot(q_tile, tl.trans(k_tile), input_precision="ieee") * qk_scale  # fp32, base-2 logits
         if MASKED:
             s = tl.where(k_ok[None, :] & (k_pos[None, :] <= q_pos[:, None]), s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if MASKED:
-            # A row with nothing allowed so far keeps m = -inf: subtract 0 instead, so exp2 gives 0, not NaN.
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        else:
-            m_use = m_new  # a full tile gives every row finite scores
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
+        m_new, p, alpha = online_softmax_step(s, m_i, MASKED)
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None]
         if UPCAST_DOT:

@@ -41,6 +41,8 @@ from .block_sparse_attention import (
     check_tile_config,
     full_key_blocks,
     key_valid_tensor,
+    load_key_tiles,
+    online_softmax_step,
     resolve_group_heads,
     resolve_keep_groups,
     selection_lists,
@@ -94,16 +96,10 @@ if triton is not None:
         """One online-softmax step of the stacked query rows over key block ``block``; ``MASKED=False`` is the
         full-block path (no bounds, causal or padding masks, no ``-inf`` guards)."""
         k_pos = block * BS + tl.arange(0, BS)
-        k_rows = k_pos.to(tl.int64)[:, None]
-        if MASKED:
-            k_ok = (k_pos < n_k) & (k_pos <= q_pos)
-            if HAS_KEY_MASK:
-                k_ok = k_ok & (tl.load(key_valid_row + k_pos.to(tl.int64) * kvs_n, mask=k_ok, other=0) != 0)
-            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d, mask=k_ok[:, None], other=0.0)
-            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d, mask=k_ok[:, None], other=0.0)
-        else:
-            k_tile = tl.load(k_base + k_rows * ks_n + cols[None, :] * ks_d)
-            v_tile = tl.load(v_base + k_rows * vs_n + cols[None, :] * vs_d)
+        k_tile, v_tile, k_ok = load_key_tiles(
+            k_base, v_base, k_pos, (k_pos < n_k) & (k_pos <= q_pos), ks_n, ks_d, vs_n, vs_d, cols, key_valid_row,
+            kvs_n, MASKED, HAS_KEY_MASK,
+        )  # fmt: skip
         if USE_DOT:  # a KV group's query heads as the rows of one matrix product
             if UPCAST_DOT:
                 k_tile = k_tile.to(tl.float32)
@@ -113,13 +109,7 @@ if triton is not None:
             s = tl.sum(q_tile[:, None, :] * k_tile.to(tl.float32)[None, :, :], axis=2) * qk_scale
         if MASKED:
             s = tl.where(k_ok[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        if MASKED:
-            m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # nothing seen yet: exp2 gives 0, not NaN
-        else:
-            m_use = m_new
-        p = tl.exp2(s - m_use[:, None])
-        alpha = tl.exp2(m_i - m_use)
+        m_new, p, alpha = online_softmax_step(s, m_i, MASKED)
         if USE_DOT:
             acc = acc * alpha[:, None] + tl.dot(p.to(v_tile.dtype), v_tile, input_precision="ieee")
         else:

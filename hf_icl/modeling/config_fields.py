@@ -21,6 +21,8 @@ import difflib
 from dataclasses import fields
 from typing import Any
 
+from ..validation import check_choice
+
 #: keys that transformers' save_pretrained / from_pretrained / AutoConfig / from_dict pass to a config's
 #: ``__post_init__`` (they are not dataclass fields), or that ``PretrainedConfig.__post_init__`` consumes
 TRANSFORMERS_KWARGS = frozenset(
@@ -97,13 +99,22 @@ def check_config_kwargs(config, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 def check_prompt_fields(config) -> None:
     """Validate the prompt fields every ICL config has: ``n_dims``, ``n_points``, ``target_kind``, ``n_classes``."""
-    from ..validation import check_choice, check_int
+    from ..validation import check_int
     from .prompts import TARGET_KINDS
 
     check_int("n_dims", config.n_dims, low=1)
     check_int("n_points", config.n_points, low=1)
     check_choice("target_kind", config.target_kind, TARGET_KINDS)
     check_int("n_classes", config.n_classes, low=2)
+
+
+def preset_width(size: str, presets: dict[str, int], field: str, kwargs: dict[str, Any]) -> int:
+    """The width ``presets[size]`` that ``from_preset(size, **kwargs)`` sets as ``field``; ``ValueError`` for an
+    unknown size or a ``field`` also passed in ``kwargs``."""
+    check_choice("size", size, sorted(presets))
+    if field in kwargs:
+        raise ValueError(f"size={size!r} sets {field}={presets[size]}; do not also pass {field}={kwargs[field]!r}")
+    return presets[size]
 
 
 def _unknown_fields_message(owner: str, unknown: list[str], known: list[str]) -> str:

@@ -11,7 +11,7 @@ optimizer over the stacked tensors is one optimizer per seed).
 The loop mirrors :class:`~hf_icl.training.ICLTrainer`'s step (AdamW without weight decay, i.e. Adam; the global-norm
 clip; a constant learning rate) with the study's loss, MSE over every position divided by d. Dividing the loss by d
 and clipping at 1 gives the same updates as the trainer's MSE clipped at d (Adam ignores the scale of its gradient
-up to its eps); ``tests/test_reproduce_linear_attention.py`` checks the two loss trajectories agree.
+up to its eps); ``tests/reproduce/linear_attention/test_linear_attention.py`` checks the two loss trajectories agree.
 
 Example::
 

@@ -6,7 +6,7 @@ is built), its own prompts (the step generator seeded by ``(S, rank, step)``), i
 gradient clipping and finiteness checks. Its final model folder ``OUTPUT_DIR/seed-S`` holds the files that separate
 run writes (``config.json``, ``model.safetensors``, ``manifest.json``, ``training_args.json`` with ``seed: S``,
 ``metrics.json``, the curves, plot and model card), bit for bit the same weights and metrics
-(``tests/test_seed_stack.py``).
+(``tests/training/test_seed_stack.py``).
 
 How the seeds are stacked: each seed is an :class:`~hf_icl.training.ICLTrainer` of its own, and every optimizer step
 runs the seeds' steps one after the other, each with its own global random state swapped in (so a model with dropout

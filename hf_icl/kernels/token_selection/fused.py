@@ -150,13 +150,8 @@ if triton is not None:
     def _frc(
         scores,
         candidate,
-        hop,
-        b,
-        hk,
-        hs_b,
-        hs_h,
+        hop_base,
         hs_r,
-        hs_m,
         cols,
         n_summaries,
         lam,
@@ -164,7 +159,9 @@ if triton is not None:
         MK: tl.constexpr,
         HOP_CHUNK: tl.constexpr,
     ):
-        """Causal FRC per row: ``A - lam * (A @ hop) / n_candidates`` on the candidates, 0 elsewhere."""
+        """Causal FRC per row: ``A - lam * (A @ hop) / n_candidates`` on the candidates, 0 elsewhere. ``hop_base``
+        points at row 0 of this KV head's ``hop`` matrix, one pointer per column ``cols``; ``hs_r`` is its row
+        stride."""
         lo = tl.min(tl.where(candidate, scores, float("inf")), axis=1)
         hi = tl.max(tl.where(candidate, scores, float("-inf")), axis=1)
         span = hi - lo
@@ -180,7 +177,6 @@ if triton is not None:
         chunks = tl.reshape(a, (ROWS, MK // HOP_CHUNK, HOP_CHUNK))
         chunk_ids = tl.arange(0, MK // HOP_CHUNK)
         inner = tl.arange(0, HOP_CHUNK)
-        hop_base = hop + b * hs_b + hk * hs_h + cols.to(tl.int64) * hs_m
         col_ok = cols < n_summaries
         two_hop = tl.zeros([ROWS, MK], tl.float32)
         for c in range(0, tl.cdiv(n_summaries, HOP_CHUNK)):  # rows past the summaries are zero: skipped
@@ -305,23 +301,8 @@ if triton is not None:
                 if POLICY == 2:  # magnitude
                     chosen = _top_among(scores, candidate, remaining)
                 else:
-                    frc = _frc(
-                        scores,
-                        candidate,
-                        hop,
-                        b,
-                        hk,
-                        hs_b,
-                        hs_h,
-                        hs_r,
-                        hs_m,
-                        cols,
-                        n_summaries,
-                        lam,
-                        ROWS,
-                        MK,
-                        HOP_CHUNK,
-                    )
+                    hop_base = hop + b * hs_b + hk * hs_h + cols.to(tl.int64) * hs_m
+                    frc = _frc(scores, candidate, hop_base, hs_r, cols, n_summaries, lam, ROWS, MK, HOP_CHUNK)
                     if POLICY == 3:  # frc
                         chosen = _top_among(frc, candidate, remaining)
                     elif POLICY == 4:  # frc_low

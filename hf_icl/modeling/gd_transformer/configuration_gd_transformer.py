@@ -5,7 +5,7 @@ from __future__ import annotations
 from transformers import PretrainedConfig
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..config_fields import check_config_kwargs, check_prompt_fields, preset_width
 from .functional_gd import KERNELS
 
 #: what the context tokens attend to: "full", the document's (every context pair, in both protocols); "causal", the
@@ -131,12 +131,7 @@ class GDTransformerConfig(PretrainedConfig):
     @classmethod
     def from_preset(cls, size: str, **kwargs) -> GDTransformerConfig:
         """A config with the ``embed_dim`` of a named size (tiny 16, small 32, standard 64)."""
-        check_choice("size", size, sorted(SIZE_PRESETS))
-        if "embed_dim" in kwargs:
-            raise ValueError(
-                f"size={size!r} sets embed_dim={SIZE_PRESETS[size]}; do not also pass embed_dim={kwargs['embed_dim']!r}"
-            )
-        return cls(embed_dim=SIZE_PRESETS[size], **kwargs)
+        return cls(embed_dim=preset_width(size, SIZE_PRESETS, "embed_dim", kwargs), **kwargs)
 
     @property
     def state_width(self) -> int:

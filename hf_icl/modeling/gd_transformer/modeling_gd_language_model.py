@@ -35,12 +35,12 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.cache_utils import Cache
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..lm_inputs import check_generate_inputs, check_input_ids, check_labels, real_token_mask
+from ..causal_lm import CheckedGenerationMixin, ModelOwnCache
+from ..lm_inputs import check_input_ids, check_labels, real_token_mask
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_no_backbone_kwargs
 from .configuration_gd_language_model import GDLanguageModelConfig
@@ -116,7 +116,7 @@ def _tokens_to_remove(tokens_to_remove: int) -> int:
     return -tokens_to_remove
 
 
-class GDLanguageModelCache(Cache):
+class GDLanguageModelCache(ModelOwnCache):
     """Generation cache of :class:`GDTransformerForCausalLM`: exact, since nothing cached changes when tokens are
     appended.
 
@@ -159,9 +159,6 @@ class GDLanguageModelCache(Cache):
         super().reset()
         self.keys = self.real = None
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
-
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
         if self.real is not None:
@@ -179,10 +176,6 @@ class GDLanguageModelCache(Cache):
         super().crop(tokens_to_remove)
         if self.real is not None:
             self.keys, self.real = self.keys[:, :, :keep], self.real[:, :keep]
-
-    @property
-    def is_compileable(self) -> bool:  # False also keeps generate from building 4-D attention masks for it
-        return False
 
     @property
     def is_croppable(self) -> bool:
@@ -297,7 +290,7 @@ class GDLanguageModelPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
                     init.normal_(weight, mean=0.0, std=std)
 
 
-class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
+class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, CheckedGenerationMixin):
     """Next-token logits by K steps of functional GD over the positions (see the module docstring).
 
     Keys and queries come from the positional embeddings only, values from the token embeddings, the read-out is
@@ -347,17 +340,6 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
 
     def get_output_embeddings(self) -> None:
         return None  # the read-out is LN(wte) itself: nothing separate to tie
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate must not make a DynamicCache; forward makes a GDLanguageModelCache
-        return False
-
-    def generate(self, inputs=None, generation_config=None, **kwargs):
-        """transformers' ``generate``, with the prompt's ids, its ``attention_mask`` and ``max_new_tokens`` checked
-        first (:func:`~hf_icl.modeling.lm_inputs.check_generate_inputs`)."""
-        check_generate_inputs(inputs, kwargs, self.config.vocab_size, self.config.n_positions)
-        return super().generate(inputs, generation_config, **kwargs)
 
     def token_embeddings(self) -> torch.Tensor:
         """``W = LN(wte)`` ``(V, d')``: the values' embeddings, the expectation's and the read-out's."""
@@ -443,21 +425,12 @@ class GDTransformerForCausalLM(GDLanguageModelPreTrainedModel, GenerationMixin):
             for layer, values in zip(cache.layers, new_values, strict=True):
                 layer.append(values)
 
-        out = f[:, 1:]
-        if isinstance(logits_to_keep, int):
-            out = out[:, -logits_to_keep:] if logits_to_keep else out
-        else:
-            out = out[:, logits_to_keep]
+        out = self.kept_positions(f[:, 1:], logits_to_keep)
         if self.feed_forward is not None:
             out = out + self.feed_forward_dropout(self.feed_forward(out))
         logits = out @ embeddings.T
-        loss = None
-        if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError(f"labels {tuple(labels.shape)} need the logits of every position (logits_to_keep=0)")
-            loss = self.loss_function(logits, labels, config.vocab_size, num_items_in_batch=num_items_in_batch)
         return CausalLMOutputWithPast(
-            loss=loss,
+            loss=self.next_token_loss(logits, labels, num_items_in_batch),
             logits=logits,
             past_key_values=cache,
             hidden_states=tuple(all_latents) if output_hidden_states else None,

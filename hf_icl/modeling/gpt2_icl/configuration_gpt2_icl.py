@@ -11,6 +11,21 @@ from ..prompts import PROMPT_FORMATS
 
 #: initialisations of the read-in and read-out layers (see ``GPT2ICLConfig.io_init``)
 IO_INITS = ("gpt2", "garg")
+
+
+def check_gpt2_shape_fields(config, sizes: tuple[str, ...]) -> None:
+    """The checks the GPT-2-shaped ICL configs (:class:`GPT2ICLConfig`, ``LinearGPTConfig``) share, in this order:
+    the prompt fields, ``prompt_format``, ``io_init``, the positive integer fields ``sizes``, and ``n_embd``
+    divisible by ``n_head``."""
+    check_prompt_fields(config)
+    check_choice("prompt_format", config.prompt_format, sorted(PROMPT_FORMATS))
+    check_choice("io_init", config.io_init, IO_INITS)
+    for name in sizes:
+        check_int(name, getattr(config, name), low=1)
+    if config.n_embd % config.n_head:
+        raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
+
+
 #: name -> (n_embd, n_layer, n_head)
 SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
 #: GPT2Config's default n_positions: a config that does not set it (GPT2ICLConfig derives it from n_points)
@@ -67,13 +82,7 @@ class GPT2ICLConfig(GPT2Config):
 
     def __post_init__(self, **kwargs):
         kwargs = check_config_kwargs(self, kwargs)  # unknown fields (typos) are errors, not silent defaults
-        check_prompt_fields(self)
-        check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
-        check_choice("io_init", self.io_init, IO_INITS)
-        for name in ("n_embd", "n_layer", "n_head"):
-            check_int(name, getattr(self, name), low=1)
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        check_gpt2_shape_fields(self, ("n_embd", "n_layer", "n_head"))
         for name in ("resid_pdrop", "embd_pdrop", "attn_pdrop", "summary_first_dropout"):
             check_float(name, getattr(self, name), low=0, high=1)
         if self.n_inner is not None:

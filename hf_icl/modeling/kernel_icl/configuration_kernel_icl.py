@@ -8,7 +8,7 @@ from transformers import PretrainedConfig
 
 from ...similarity.row_kernels import ROW_KERNELS
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs
+from ..config_fields import check_config_kwargs, preset_width
 
 #: name -> hidden_size (the document's d_model is 64)
 SIZE_PRESETS = {"tiny": 16, "small": 32, "standard": 64}
@@ -120,13 +120,7 @@ class KernelICLConfig(PretrainedConfig):
     @classmethod
     def from_preset(cls, size: str, **kwargs) -> KernelICLConfig:
         """A config with the ``hidden_size`` of a named size (tiny 16, small 32, standard 64)."""
-        check_choice("size", size, sorted(cls.size_presets))
-        if "hidden_size" in kwargs:
-            raise ValueError(
-                f"size={size!r} sets hidden_size={cls.size_presets[size]}; do not also pass "
-                f"hidden_size={kwargs['hidden_size']!r}"
-            )
-        return cls(hidden_size=cls.size_presets[size], **kwargs)
+        return cls(hidden_size=preset_width(size, cls.size_presets, "hidden_size", kwargs), **kwargs)
 
     @property
     def initial_temperature(self) -> float | None:

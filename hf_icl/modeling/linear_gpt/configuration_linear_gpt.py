@@ -7,9 +7,8 @@ from transformers.activations import ACT2FN
 
 from ...kernels.linear_attention import BACKENDS, FEATURE_MAPS, MODES, feature_dim
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields
-from ..gpt2_icl.configuration_gpt2_icl import IO_INITS, GPT2ICLConfig
-from ..prompts import PROMPT_FORMATS
+from ..config_fields import check_config_kwargs
+from ..gpt2_icl.configuration_gpt2_icl import GPT2ICLConfig, check_gpt2_shape_fields
 
 #: saved beside ``linear_attention_feature_map="quadratic"``: the map is the document's ``[1, x, x_i x_j (i ≤ j)]``.
 #: Before it (2026-11-26) "quadratic" meant the full outer product, now ``"quadratic_full"``; a saved config with
@@ -98,13 +97,7 @@ class LinearGPTConfig(PretrainedConfig):
 
     def __post_init__(self, **kwargs):
         kwargs = check_config_kwargs(self, kwargs)  # unknown fields (typos) are errors, not silent defaults
-        check_prompt_fields(self)
-        check_choice("prompt_format", self.prompt_format, sorted(PROMPT_FORMATS))
-        check_choice("io_init", self.io_init, IO_INITS)
-        for name in ("vocab_size", "n_embd", "n_layer", "n_head"):
-            check_int(name, getattr(self, name), low=1)
-        if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd ({self.n_embd}) must be divisible by n_head ({self.n_head})")
+        check_gpt2_shape_fields(self, ("vocab_size", "n_embd", "n_layer", "n_head"))
         if self.n_positions is None:
             self.n_positions = 2 * self.n_points
         check_int("n_positions", self.n_positions, low=1)

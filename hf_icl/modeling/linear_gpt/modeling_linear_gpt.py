@@ -16,17 +16,16 @@ import math
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ...kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
+from ..causal_lm import CheckedGenerationMixin, ModelOwnCache
 from ..heads import ICLHead, ICLOutput, loss_mask_for
 from ..lm_inputs import (
-    check_generate_inputs,
     check_input_ids,
     check_labels,
     check_position_ids,
@@ -83,7 +82,7 @@ class LinearAttentionCacheLayer:
         return -1
 
 
-class LinearAttentionCache(Cache):
+class LinearAttentionCache(ModelOwnCache):
     """Constant-memory generation cache of :class:`LinearGPTForCausalLM`.
 
     Per layer the state ``(S, z)`` of :func:`~hf_icl.kernels.linear_attention.linear_attention_state`
@@ -121,9 +120,6 @@ class LinearAttentionCache(Cache):
         super().reset()
         self.seen_tokens, self.positions = 0, None
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
-
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         super().batch_select_indices(indices)
         if self.positions is not None:
@@ -136,10 +132,6 @@ class LinearAttentionCache(Cache):
 
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a linear-attention state cannot forget tokens: it keeps their sum, not the tokens")
-
-    @property
-    def is_compileable(self) -> bool:  # False also keeps generate from building 4-D attention masks for it
-        return False
 
     @property
     def is_croppable(self) -> bool:
@@ -482,7 +474,7 @@ class LinearGPTForInContextRegression(LinearGPTPreTrainedModel):
         return out
 
 
-class LinearGPTForCausalLM(LinearGPTPreTrainedModel, GenerationMixin):
+class LinearGPTForCausalLM(LinearGPTPreTrainedModel, CheckedGenerationMixin):
     """The linear-attention GPT with a token LM head; ``generate`` runs in constant memory per layer.
 
     Example::
@@ -506,17 +498,6 @@ class LinearGPTForCausalLM(LinearGPTPreTrainedModel, GenerationMixin):
         self.transformer = LinearGPTModel(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate must not make a DynamicCache (it holds keys and values); forward makes a LinearAttentionCache
-        return False
-
-    def generate(self, inputs=None, generation_config=None, **kwargs):
-        """transformers' ``generate``, with the prompt's ids, its ``attention_mask`` and ``max_new_tokens`` checked
-        first (:func:`~hf_icl.modeling.lm_inputs.check_generate_inputs`)."""
-        check_generate_inputs(inputs, kwargs, self.config.vocab_size, self.config.n_positions)
-        return super().generate(inputs, generation_config, **kwargs)
 
     def forward(
         self,
@@ -548,16 +529,10 @@ class LinearGPTForCausalLM(LinearGPTPreTrainedModel, GenerationMixin):
         hidden_states = out.last_hidden_state
         if labels is not None:
             check_labels(labels, self.config.vocab_size, tuple(hidden_states.shape[:2]))
-        if isinstance(logits_to_keep, int):
-            hidden_states = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-        else:
-            hidden_states = hidden_states[:, logits_to_keep]
-        logits = self.lm_head(hidden_states)
-        loss = None
-        if labels is not None:
-            if logits.shape[1] != labels.shape[1]:
-                raise ValueError(f"labels {tuple(labels.shape)} need the logits of every position (logits_to_keep=0)")
-            loss = self.loss_function(logits, labels, self.config.vocab_size, num_items_in_batch=num_items_in_batch)
+        logits = self.lm_head(self.kept_positions(hidden_states, logits_to_keep))
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+            loss=self.next_token_loss(logits, labels, num_items_in_batch),
+            logits=logits,
+            past_key_values=out.past_key_values,
+            hidden_states=out.hidden_states,
         )

@@ -9,7 +9,7 @@ from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..config_fields import check_config_kwargs, check_prompt_fields, preset_width
 from .feature_maps import FEATURE_MAPS
 
 #: what the MLP reads at each position (see :class:`MLPICLConfig`)
@@ -97,13 +97,7 @@ class MLPICLConfig(PretrainedConfig):
     @classmethod
     def from_preset(cls, size: str, **kwargs) -> MLPICLConfig:
         """A config with the ``hidden_size`` of a named size (``cls.size_presets``: tiny, small, standard)."""
-        check_choice("size", size, sorted(cls.size_presets))
-        if "hidden_size" in kwargs:
-            raise ValueError(
-                f"size={size!r} sets hidden_size={cls.size_presets[size]}; do not also pass "
-                f"hidden_size={kwargs['hidden_size']!r}"
-            )
-        return cls(hidden_size=cls.size_presets[size], **kwargs)
+        return cls(hidden_size=preset_width(size, cls.size_presets, "hidden_size", kwargs), **kwargs)
 
     @property
     def label_width(self) -> int:

@@ -203,7 +203,7 @@ def insights(ctx: ExperimentState) -> None:
         "1. Ridge → dual → kernel: the primal and dual ridge predictions agree",
         "max |primal − dual| ≈ 0",
         f"largest gap of the two Table-1 MSEs over seeds {gap:.1e} (the predictions agree to float64 rounding; "
-        "tests/test_predict_queries.py checks them pointwise)",
+        "tests/estimators/test_base_predict_queries.py checks them pointwise)",
         bool(gap < 1e-10),
     )
     report.claim(
@@ -211,7 +211,7 @@ def insights(ctx: ExperimentState) -> None:
         "exponential kernel",
         "structural identity",
         "an identity of the formulas: `NadarayaWatson('softmax')` is the document's `attention_icl` "
-        "(tests/test_predict_queries.py compares them on its data)",
+        "(tests/estimators/test_base_predict_queries.py compares them on its data)",
         True,
     )
     cosine_beats_krr = int((t1["cosine"] < t1["kernel_ridge"]).sum())

@@ -1,0 +1,19 @@
+"""The tests' shared fixtures, from the one set of tiny models and tokenizers in :mod:`tiny_models` (a test that
+needs another size or seed calls the factory there with its own arguments)."""
+
+from __future__ import annotations
+
+import pytest
+from tiny_models import gpt2_like, tiny_gpt2
+
+
+@pytest.fixture
+def gpt2_lm():
+    """A fresh :func:`tiny_models.tiny_gpt2` (vocabulary 101, seed 0)."""
+    return tiny_gpt2()
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """The GPT-2-like byte-level BPE trained on NIAH text (:func:`tiny_models.gpt2_like`), built once per module."""
+    return gpt2_like()
