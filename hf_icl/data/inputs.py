@@ -15,20 +15,14 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..registry import named_registration
 from ..validation import check_float, check_int, check_range
 
 INPUT_REGISTRY: dict[str, type[InputDistribution]] = {}
 
 
-def register_inputs(name: str):
-    """Class decorator adding an input distribution to :data:`INPUT_REGISTRY` under ``name``."""
-
-    def wrap(cls):
-        cls.name = name
-        INPUT_REGISTRY[name] = cls
-        return cls
-
-    return wrap
+#: class decorator adding an input distribution to :data:`INPUT_REGISTRY` under a name: ``@register_inputs("uniform")``
+register_inputs = named_registration(INPUT_REGISTRY)
 
 
 @dataclass(kw_only=True)

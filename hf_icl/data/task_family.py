@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..registry import named_registration
 from ..validation import check_device, check_int
 from .inputs import InputDistribution, make_inputs
 
@@ -36,15 +37,8 @@ TASK_REGISTRY: dict[str, type[TaskFamily]] = {}
 Params = dict[str, torch.Tensor]
 
 
-def register_task(name: str):
-    """Class decorator adding a task family to :data:`TASK_REGISTRY` under ``name``."""
-
-    def wrap(cls):
-        cls.name = name
-        TASK_REGISTRY[name] = cls
-        return cls
-
-    return wrap
+#: class decorator adding a task family to :data:`TASK_REGISTRY` under a name: ``@register_task("linear_regression")``
+register_task = named_registration(TASK_REGISTRY)
 
 
 def resolve_generator(
