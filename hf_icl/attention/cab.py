@@ -31,9 +31,11 @@ it attended over, so nothing selects a second time.
 
 from __future__ import annotations
 
+import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -166,6 +168,8 @@ def cab_attention_forward(
         padded=key_valid is not None,
         dropout=dropout,
     )
+    if route.name == "dense" and n_q == n_k:
+        _warn_if_short(module.config, params, n_k)
     record = bool(_OBSERVERS)  # the selection is assembled whole only while someone observes it
     token_keep = None
     if route.name == "dense":
@@ -400,6 +404,29 @@ def _torch_range_length(query: torch.Tensor, n_k: int, params: CABParams) -> int
 def _gather_tokens(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x (B, H, N, D)`` with its tokens taken at ``index (B, N)`` per row."""
     return x.gather(2, index[:, None, :, None].expand(-1, x.shape[1], -1, x.shape[-1]))
+
+
+#: id -> weak reference of the configs whose short-prompt warning was given (once per model, not per layer or call;
+#: configs are unhashable, and a dead config's id may be reused: the reference tells)
+_WARNED_SHORT: dict[int, weakref.ref] = {}
+
+
+def _warn_if_short(config, params: CABParams, n_k: int) -> None:
+    """Say once per model that a prefill ran dense only because it is shorter than ``cab_min_seq_len`` (a user who
+    asked for sparsity would otherwise see logits identical to dense attention and no word why)."""
+    if n_k > params.min_seq_len or runs_dense(replace(params, min_seq_len=0), n_k, n_k):
+        return
+    seen = _WARNED_SHORT.get(id(config))
+    if seen is not None and seen() is config:
+        return
+    _WARNED_SHORT[id(config)] = weakref.ref(config)
+    warnings.warn(
+        f"CAB ran dense attention: the prompt has {n_k} tokens, at most cab_min_seq_len={params.min_seq_len} "
+        "(prompts that short run dense by design); set cab_min_seq_len=0 (enable_cab(model, min_seq_len=0)) to "
+        "apply the sparsity to short prompts too. This warning is given once per model.",
+        UserWarning,
+        stacklevel=2,
+    )
 
 
 def runs_dense(params: CABParams, n_q: int, n_k: int) -> bool:

@@ -11,7 +11,7 @@ run writes (``config.json``, ``model.safetensors``, ``manifest.json``, ``trainin
 How the seeds are stacked: each seed is an :class:`~hf_icl.training.ICLTrainer` of its own, and every optimizer step
 runs the seeds' steps one after the other, each with its own global random state swapped in (so a model with dropout
 sees the random numbers its separate run would). Batching the seeds into one model (``torch.func.stack_module_state``
-+ ``functional_call`` + ``vmap``, what ``hf_icl.reproduce.seed_ensemble`` does) is not bit-exact: a batched matrix
++ ``functional_call`` + ``vmap``, what ``hf_icl.training.seed_ensemble`` does) is not bit-exact: a batched matrix
 product sums in another order than the per-seed one (on a 1-thread CPU, tiny ``gpt2_icl`` and ``linear_gpt`` gave
 gradients that differ in the last bits), and it was not faster there either (``docs/results/seeds.md``). What the
 stack saves against N separate runs is the per-run start (interpreter, imports, building the task and evaluation set),

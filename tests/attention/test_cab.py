@@ -193,3 +193,29 @@ def test_a_top_k_budget_covering_every_block_is_dense_and_a_smaller_one_is_not()
     smaller = hf_icl.enable_cab(tiny_gpt2(), topk=3, **SMALL)(ids).logits
     assert not torch.allclose(smaller[:, 48:], dense[:, 48:], atol=1e-4)  # tokens past block 3 drop blocks
     torch.testing.assert_close(smaller[:, :48], dense[:, :48], rtol=1e-5, atol=1e-5)  # the first 3 blocks see all
+
+
+def test_a_prompt_shorter_than_cab_min_seq_len_runs_dense_and_says_so_once():
+    """Below cab_min_seq_len (default 1024) CAB runs dense by design; a user who asked for sparsity is told once per
+    model, not once per layer or call, and not at all when nothing would have been sparse anyway."""
+    import warnings
+
+    model = hf_icl.enable_cab(tiny_gpt2(), sparsity=0.9, block_size=16)
+    assert CABParams.from_config(model.config).min_seq_len == 1024
+    ids = tokens(1, 200)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        logits = model(ids).logits
+        model(tokens(1, 150))
+    messages = [str(w.message) for w in caught if "CAB ran dense attention" in str(w.message)]
+    assert len(messages) == 1 and "200 tokens" in messages[0] and "cab_min_seq_len=1024" in messages[0]
+    torch.testing.assert_close(logits, tiny_gpt2()(ids).logits)  # dense indeed
+    quiet = [
+        hf_icl.enable_cab(tiny_gpt2(), sparsity=0.0, block_size=16),  # dense by its budget: nothing to say
+        hf_icl.enable_cab(tiny_gpt2(), sparsity=0.9, block_size=16, min_seq_len=0),  # sparse: nothing to say
+    ]
+    for other in quiet:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            other(ids)
+        assert not [w for w in caught if "CAB ran dense attention" in str(w.message)]

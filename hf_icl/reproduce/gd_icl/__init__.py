@@ -17,7 +17,7 @@ trained GD model *is* K steps of functional GD with the learned ``W_e``, Î·, h â
 :func:`~hf_icl.modeling.gd_transformer.functional_gd_logits`. **Trained** models are the same architecture
 (:class:`~hf_icl.modeling.gd_transformer.GDTransformerConfig`, same kernel, ``normalize_by_count``) from a random
 initialisation with every parameter learned, the seeds of one model stacked
-(:class:`~hf_icl.reproduce.seed_ensemble.SeedEnsemble`). Every model attends as the document's transformer does
+(:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`). Every model attends as the document's transformer does
 (``context_attention="full"``: the context tokens attend to the whole context, the query to the context only), so a
 GD model's K blocks are K steps of the document's functional GD; both kinds train on the document's prompt, N context
 pairs and one query (``n_context=N``, the cross-entropy at the query), with Adam, and are scored at that query.
@@ -50,10 +50,10 @@ measurement), :mod:`.stories` with :mod:`.stories_training` and :mod:`.stories_c
 from __future__ import annotations
 
 # the episode sampler, digit features, linear probing and the seed ensemble are the package's own (hf_icl.data,
-# hf_icl.estimators, hf_icl.reproduce.seed_ensemble); the study's namespace has always offered them
+# hf_icl.estimators, hf_icl.training.seed_ensemble); the study's namespace has always offered them
 from ...data.episodes import Episodes, digit_features, sample_episodes
 from ...estimators.linear_probe import linear_probe
-from ..seed_ensemble import SeedEnsemble
+from ...training.seed_ensemble import SeedEnsemble
 from .document import ACCURACY_TOLERANCE, ALIGNED, PAPER
 from .experiments import EXPERIMENTS, PAPER_SPEC
 from .features import feature_eval_episodes, features

@@ -1,7 +1,10 @@
 """Training the gd-icl study's models: GD models as the construction with only ``W_e``, η and h learned
 (:class:`GDConstructionEnsemble`), models trained from scratch as stacked seeds
-(:class:`~hf_icl.reproduce.seed_ensemble.SeedEnsemble`), in lockstep per prompt stream, dealt to worker processes,
-saved per seed and reused while their spec (:func:`~.specs.training_spec`) is unchanged (:func:`train_models`)."""
+(:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`), in lockstep per prompt stream, dealt to worker processes,
+saved per seed (``save_pretrained`` and a model manifest) and reused while their spec (:func:`~.specs.training_spec`)
+is unchanged (:func:`train_models`). Both kinds step through
+:func:`~hf_icl.training.seed_ensemble.stacked_optimizer_step`, which checks every seed's loss, gradient norm and
+parameters finite (else :class:`~hf_icl.training.TrainingDivergedError` naming the seed and the step)."""
 
 from __future__ import annotations
 
@@ -17,9 +20,9 @@ from torch.func import functional_call, grad_and_value, vmap
 
 from ...data.episodes import digit_features, sample_episodes
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
+from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
 from ...validation import check_float, check_int
 from ..runs import log, read_run_json, usable_cores
-from ..seed_ensemble import SeedEnsemble, stacked_optimizer_step
 from ..workers import worker_pool
 from .specs import (
     BATCH_STREAM,
@@ -40,7 +43,7 @@ def initial_embeddings(embed_dim: int, n_classes: int, seed: int) -> torch.Tenso
     return torch.randn(embed_dim, n_classes, generator=generator) / math.sqrt(embed_dim)
 
 
-class GDConstructionEnsemble:
+class GDConstructionEnsemble(StackedSeeds):
     """The seeds of one GD-constructed model, trained as one stacked model: only ``W_e``, η and h are learned.
 
     Each seed's model is ``from_gd_construction(n_blocks, η, kernel, W_e, bandwidth=h, **fields)``. Training calls
@@ -49,7 +52,9 @@ class GDConstructionEnsemble:
     construction's pattern for η = 1), and head 1's query and key maps scaled by ``a`` so that the kernel has bandwidth
     h (``a² = h₀/h`` for the softmax/linear kernels ``qᵀk/h₀``, ``a = h₀/h`` for the RBF kernel). The seeds are
     mapped with :func:`torch.func.vmap`; each keeps its own data, gradient clipping and Adam state (Adam is
-    elementwise).
+    elementwise). Its step and save are :class:`~hf_icl.training.seed_ensemble.StackedSeeds`' (as
+    :class:`~hf_icl.training.seed_ensemble.SeedEnsemble`'s): every step checks each seed's loss, gradient norm and
+    parameters finite, and :meth:`save` writes manifested ``seed<seed>`` model folders.
 
     Args:
         n_blocks: K, the number of GD steps.
@@ -118,12 +123,9 @@ class GDConstructionEnsemble:
             "log_bandwidth": torch.full((size, 1), math.log(initial_bandwidth)),
         }
         self.optimizer = torch.optim.AdamW(list(self.params.values()), lr=learning_rate, weight_decay=0.0)
+        self.steps_done = 0  # optimizer steps taken (the step a divergence error names)
         self._grads = vmap(grad_and_value(self._loss))
         self._logits = vmap(self._forward_logits, in_dims=(0, None, None))
-
-    @property
-    def size(self) -> int:
-        return len(self.seeds)
 
     def _weights(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         weights = dict(self.patterns)
@@ -145,14 +147,9 @@ class GDConstructionEnsemble:
     def _forward_logits(self, params, xs, ys):
         return self._call(params, xs, ys).logits
 
-    def step(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
-        """One Adam step of every seed on its own batch ``xs (S, B, N, d)``, ``ys (S, B, N)``; returns the ``(S,)``
-        training losses before the step."""
-        if xs.shape[0] != self.size or ys.shape[0] != self.size:
-            raise ValueError(f"xs and ys need one batch per seed (dim 0 = {self.size}), got {tuple(xs.shape)}")
-        grads, losses = self._grads(self.params, xs, ys)
-        stacked_optimizer_step(self.optimizer, self.params, grads, self.max_grad_norm)
-        return losses.detach()
+    def gradients(self, xs: torch.Tensor, ys: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Every seed's gradient of ``W_e``, η and log h and its ``(S,)`` training loss on its own batch."""
+        return self._grads(self.params, xs, ys)
 
     @torch.no_grad()
     def logits(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
@@ -254,13 +251,9 @@ def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs
                 if step <= spec.steps
             )
             log(f"  {stream.name} step {step}/{steps} ({time.perf_counter() - clock:.0f} s): {losses}")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one-tick bars per saved model would bury the log
     for spec, trainer, curve in zip(specs, trainers, curves, strict=True):
         run_dir = runs_dir / stream.name / spec.name
-        for seed, model in zip(scale.seeds, trainer.models(), strict=True):
-            model.save_pretrained(run_dir / f"seed{seed}")
+        trainer.save(run_dir)
         save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
         (run_dir / "spec.json").write_text(json.dumps(training_spec(scale, stream, spec), indent=1))  # marks it done
 

@@ -9,9 +9,10 @@ GA}, against kernel ridge. It reports one run; we run every seed of :attr:`Scale
 
 The models are :class:`~hf_icl.modeling.kernel_icl.KernelICLForInContextRegression`, trained in the document's
 context/query protocol (``n_context=``) with the document's recipe (Adam 1e-3, batch 64, no clipping, clean query
-targets), the seeds of one architecture as one stacked model (:class:`~hf_icl.reproduce.seed_ensemble.SeedEnsemble`)
-and all architectures in one loop over steps on shared batches. The classical estimators are the package's, called in
-the same protocol (``predict_queries``).
+targets), the seeds of one architecture as one stacked model (:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`,
+the seed-stacked trainer, which checks every seed's loss, gradient norm and parameters finite each step and saves
+manifested model folders) and all architectures in one loop over steps on shared batches. The classical estimators
+are the package's, called in the same protocol (``predict_queries``).
 
 The package: :mod:`.document` (the document's numbers and names), :mod:`.specs` (run sizes, training groups, the run
 cache's spec), :mod:`.data` (prompts, held-out tasks, the trivial predictor), :mod:`.training` (every group's seeds,

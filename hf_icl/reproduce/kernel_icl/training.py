@@ -13,8 +13,8 @@ from safetensors.torch import save_file
 
 from ...data.tasks import get_task
 from ...training.checkpoints import quiet_progress
+from ...training.seed_ensemble import SeedEnsemble
 from ..runs import log, read_run_json, read_run_tensors, usable_cores
-from ..seed_ensemble import SeedEnsemble
 from ..workers import worker_pool
 from .data import context_query_batch
 from .specs import Group, Scale, Training
@@ -68,7 +68,7 @@ def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_
             log(f"  step {step}/{training.steps} ({time.perf_counter() - clock:.0f} s): {losses}")
     for group, ensemble, curve in zip(groups, ensembles, curves, strict=True):
         run_dir = runs_dir / group.name
-        ensemble.save_models(run_dir)
+        ensemble.save(run_dir)
         save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
         # written last: marks the group finished
         (run_dir / "spec.json").write_text(json.dumps(training.spec(scale, group), indent=1))

@@ -25,8 +25,9 @@ Sizes: ``CPU`` (the default) keeps the task, depths, heads, learning rates, batc
 counts, at width 64, 3 seeds and a fifth of the steps, and is sized to finish in under 30 minutes on 2 cores (about
 15 by an estimate from per-step timings); ``FULL`` (``--full``) is the document's (width 256, 5 seeds, its step
 counts; many hours on a CPU). The seeds of one (architecture, depth) train in lockstep as one stacked model
-(:class:`~hf_icl.reproduce.seed_ensemble.SeedEnsemble`), and the six groups run in single-thread processes, one per
-core: ``engines`` times these choices against the package trainer.
+(:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`, the seed-stacked trainer: each seed's loss, gradient norm and
+parameters checked finite every step, manifested model folders), and the six groups run in single-thread processes,
+one per core: ``engines`` times these choices against the package trainer.
 
 Where the document leaves a detail open, the study's own code (``Yushgoel/icl-benchmarking``) decides, and
 ``docs/results/linear_attention.md`` lists each case: a fixed training set of 16 000 prompts sampled with

@@ -1,6 +1,6 @@
 """``hf-icl reproduce linear-attention engines``: how fast each way of training the seeds runs on this machine's
 cores: the package trainer (one model per seed) against the stacked
-:class:`~hf_icl.reproduce.seed_ensemble.SeedEnsemble`, in one process or one per core, with one thread or all. It
+:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`, in one process or one per core, with one thread or all. It
 chose the way :mod:`.training` trains the groups."""
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
-"""Training the study's groups: every seed of a group in lockstep as one :class:`SeedEnsemble`, the groups in worker
-processes (one per core by default), each finished group saved (:class:`GroupResult`) and reused while its spec is
-unchanged; the statistics of its curves; and :class:`ExperimentState`, which trains an experiment's groups once."""
+"""Training the study's groups: every seed of a group in lockstep as one
+:class:`~hf_icl.training.seed_ensemble.SeedEnsemble` (the seed-stacked trainer, with its finiteness checks), the
+groups in worker processes (one per core by default), each finished group saved (:class:`GroupResult`) and reused
+while its spec is unchanged; the statistics of its curves; and :class:`ExperimentState`, which trains an experiment's
+groups once."""
 
 from __future__ import annotations
 
@@ -16,8 +18,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ...training.seed_ensemble import SeedEnsemble, build_seeded
 from ..runs import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
-from ..seed_ensemble import SeedEnsemble, build_seeded
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
 from .document import CONVERGED, DEPTHS, DOCUMENT_WIDTH, GPT2_VOCAB
@@ -149,7 +151,8 @@ def group_ensemble(spec: GroupSpec) -> SeedEnsemble:
 
 def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> GroupResult:
     """Train every seed of ``spec`` in lockstep, scoring the test and training prompts at step 0 and every
-    ``eval_steps`` steps; save the result and one ``save_pretrained`` model per seed to ``run_dir``."""
+    ``eval_steps`` steps; save the result and one ``save_pretrained`` model per seed (with its manifest) to
+    ``run_dir``."""
     recipe = RECIPES[spec.recipe]
     ensemble = group_ensemble(spec)
     task, pool, sets = study_task(), training_prompts(spec), evaluation_sets(spec)
@@ -187,7 +190,7 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
         {name: _score(ensemble, prompts) for name, prompts in sets.items()},
         time.perf_counter() - started,
     )
-    ensemble.save_models(run_dir)
+    ensemble.save(run_dir)
     result.save(run_dir)
     log(f"  {spec.name} done in {result.seconds / 60:.1f} min, test loss {float(result.final('test').mean()):.4f}")
     return result

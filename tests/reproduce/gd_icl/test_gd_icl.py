@@ -10,14 +10,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoModel
 
 from hf_icl.modeling.gd_transformer import (
     GDTransformerForInContextClassification,
     distance_to_construction,
     functional_gd_logits,
 )
+from hf_icl.modeling.model_folder import read_model_manifest
 from hf_icl.reproduce import PAPERS, gd_icl, run_experiment
 from hf_icl.reproduce.runs import VERDICTS, Report
+from hf_icl.training import TrainingDivergedError
 
 SYNTHETIC = gd_icl.SyntheticScale(
     n_classes=5,
@@ -202,6 +205,26 @@ def test_gd_ensemble_seeds_are_independent_and_start_at_their_own_embeddings():
         alone.step(xs[1:], ys[1:])
     for name in together.params:
         torch.testing.assert_close(together.params[name][1], alone.params[name][0], rtol=1e-5, atol=1e-6)
+
+
+def test_gd_ensemble_checks_every_seed_finite_and_saves_manifested_folders(tmp_path):
+    """The seed-stacked trainer's guarantees (hf_icl.training.seed_ensemble): a NaN in one seed's batch stops
+    training naming that seed, and save writes seed<seed> folders with model manifests that loading verifies."""
+    ensemble = gd_icl.GDConstructionEnsemble(1, "softmax", FIELDS, seeds=(5, 6), learning_rate=0.05)
+    g = torch.Generator().manual_seed(1)
+    ensemble.step(torch.rand(2, 8, 7, 3, generator=g), torch.randint(4, (2, 8, 7), generator=g))
+    folders = ensemble.save(tmp_path)
+    assert folders == [tmp_path / "seed5", tmp_path / "seed6"]
+    xs, ys = torch.rand(3, 7, 3, generator=g), torch.randint(4, (3, 7), generator=g)
+    for folder, model in zip(folders, ensemble.models(), strict=True):
+        assert {"config.json", "model.safetensors"} <= set(read_model_manifest(folder)["files"])
+        loaded = AutoModel.from_pretrained(folder).eval()
+        with torch.no_grad():
+            assert torch.equal(loaded(xs, ys).logits, model(xs, ys).logits)
+    xs = torch.rand(2, 8, 7, 3, generator=g)
+    xs[0, 1, 2, 0] = float("nan")  # seed 5's batch
+    with pytest.raises(TrainingDivergedError, match=r"at step 2 \(seed 5\): seed 5: the loss is nan"):
+        ensemble.step(xs, torch.randint(4, (2, 8, 7), generator=g))
 
 
 def test_gd_ensemble_bad_arguments():

@@ -1,5 +1,6 @@
 """hf-icl reproduce linear-attention: the statistics against formulas written out, the samplers, the wiring of the
-document's recipes, the seed ensemble against the package trainer, and a toy run end to end."""
+document's recipes, and a toy run end to end (the seed ensemble against the package trainer:
+tests/training/test_seed_ensemble.py)."""
 
 import json
 import math
@@ -13,18 +14,13 @@ import torch
 from repo_paths import REPO
 
 from hf_icl.cli import main
-from hf_icl.data.tasks import get_task
 from hf_icl.modeling import LinearGPTConfig, build_config
 from hf_icl.reproduce import experiments, reproduce
 from hf_icl.reproduce import linear_attention as la
 from hf_icl.reproduce.runs import LEARNED_FACTOR, VERDICTS, Report
-from hf_icl.reproduce.seed_ensemble import SeedEnsemble, clip_per_seed
-from hf_icl.training import ICLTrainingArguments, train
 from hf_icl.training.trainer import step_seed
 
 TOY = la.Scale("toy", False, 8, (1, 2), 1000, 2, 64, 32, 16)
-TINY = {"n_embd": 16, "n_layer": 2, "n_head": 4}
-FIELDS = {"n_dims": 5, "n_points": 10, "target_kind": "regression"}
 
 
 # -- statistics ---------------------------------------------------------------------------------------------------
@@ -281,73 +277,6 @@ def test_parameter_counts_reproduce_the_documents_from_gpt2s_unused_token_table(
             assert round(count["as_the_study_counts"] / 1e6, decimals) == pytest.approx(documented)
     for depth in (1, 3, 6):  # what the models really train is the same size
         assert counts["softmax"][depth]["trainable"] == counts["linear"][depth]["trainable"]
-
-
-# -- the seed ensemble ------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("model_type", ["linear_gpt", "gpt2_icl"])
-def test_the_ensemble_follows_the_package_trainer_on_one_seed(tmp_path, model_type):
-    """Same seed, same batches: the ensemble's MSE/d clipped at 1 retraces the trainer's MSE clipped at d."""
-    attn = "eager" if model_type == "gpt2_icl" else None
-    steps, batch, seed, lr = 8, 8, 7, 3e-3
-    args = ICLTrainingArguments(
-        output_dir=str(tmp_path),
-        n_dims=5,
-        n_points=10,
-        model_type=model_type,
-        model_size=None,
-        model_overrides=json.dumps(TINY),
-        attn_implementation=attn,
-        max_steps=steps,
-        per_device_train_batch_size=batch,
-        learning_rate=lr,
-        max_grad_norm=5.0,
-        seed=seed,
-        logging_steps=1,
-        eval_steps=0,
-        save_steps=0,
-        eval_prompts=8,
-        report_to="none",
-        disable_tqdm=True,
-    )
-    trainer_losses = [h["train/loss"] / 5 for h in train(args).history if "train/loss" in h]
-    ensemble = SeedEnsemble(model_type, {**FIELDS, **TINY}, (seed,), lr, attn_implementation=attn)
-    task = get_task("linear_regression", n_dims=5)
-    ours = [float(ensemble.step(*la.draw_batches(task, None, batch, (seed,), step))[0]) for step in range(steps)]
-    assert len(trainer_losses) == steps
-    assert ours == pytest.approx(trainer_losses, rel=1e-4)
-
-
-def test_seeds_in_one_ensemble_do_not_touch_each_other():
-    fields = {**FIELDS, **TINY, "linear_attention_mode": "parallel"}
-    task = la.study_task()
-    pair = SeedEnsemble("linear_gpt", fields, (3, 4), 1e-2, max_grad_norm=0.5)
-    alone = [SeedEnsemble("linear_gpt", fields, (s,), 1e-2, max_grad_norm=0.5) for s in (3, 4)]
-    for step in range(4):
-        xs, ys = la.draw_batches(task, None, 8, (3, 4), step)
-        together = pair.step(xs, ys)
-        separate = [e.step(xs[i : i + 1], ys[i : i + 1]) for i, e in enumerate(alone)]
-        torch.testing.assert_close(together, torch.cat(separate), rtol=1e-5, atol=1e-6)
-    xs, ys = task.sample(5, 10, seed=1)
-    torch.testing.assert_close(
-        pair.predict(xs, ys), torch.cat([e.predict(xs, ys) for e in alone]), rtol=1e-4, atol=1e-5
-    )
-    model = pair.models()[1]  # an ordinary model with seed 4's weights predicts what the ensemble does
-    torch.testing.assert_close(model(xs, ys).predictions, pair.predict(xs, ys)[1], rtol=1e-4, atol=1e-5)
-
-
-def test_clip_per_seed_is_clip_grad_norm_for_each_seed():
-    grads = {"a": torch.randn(3, 4, 5), "b": torch.randn(3, 7)}
-    expected = []
-    for i in range(3):
-        params = [torch.nn.Parameter(torch.zeros_like(g[i])) for g in grads.values()]
-        for p, g in zip(params, grads.values(), strict=True):
-            p.grad = g[i].clone()
-        torch.nn.utils.clip_grad_norm_(params, 1.5)
-        expected.append([p.grad for p in params])
-    clip_per_seed(grads, 1.5)
-    for i in range(3):
-        for got, want in zip(grads.values(), expected[i], strict=True):
-            torch.testing.assert_close(got[i], want)
 
 
 def test_both_timed_engines_run_in_process():
