@@ -789,6 +789,7 @@ def cli(row_id: str, argv: str, words: list[str], *, usage: bool = False):
 
 CLI_ROWS = [
     # train: YAML configs, training arguments, paths
+    cli("train-full-run-on-cpu", "train --output_dir {tmp}/full", ["--max_steps", "500,001", "--config", "GPU"]),
     cli("train-config-missing", "train --config {tmp}/missing.yaml", ["--config", "missing.yaml", "no such file"]),
     cli("train-config-directory", "train --config {tmp}/empty", ["--config", "must be a file", "empty"]),
     cli("train-config-syntax", "train --config {tmp}/bad.yaml", ["--config", "bad.yaml", "not valid YAML", "line 2"]),

@@ -41,6 +41,23 @@ def run_quickstart(args) -> int:
     return 0 if report.passed else 1
 
 
+def _refuse_unasked_full_run(args, config: str | None, flags: list[str]) -> None:
+    """Garg et al.'s standard run (the defaults: 500,001 steps of a standard-size GPT-2) is a GPU job: on a machine
+    without one it starts only when asked for, by a --config or an explicit --max_steps."""
+    import torch
+
+    from ..training.arguments import ICLTrainingArguments
+
+    default_steps = ICLTrainingArguments.__dataclass_fields__["max_steps"].default
+    given = any(flag.split("=")[0] in ("--max_steps", "--max-steps") for flag in flags)
+    if config is None and not given and args.max_steps == default_steps and not torch.cuda.is_available():
+        raise CLIError(
+            f"--max_steps is {default_steps:,} by default: Garg et al.'s full run of a {args.model_size}-size model, "
+            "a job of days for a GPU; this machine has none, so pass --max_steps (e.g. --max_steps 5000) or a "
+            "--config to run that long here on purpose (make quickstart trains a small model in minutes)"
+        )
+
+
 def run_train(argv: list[str]) -> int:
     from transformers import HfArgumentParser
 
@@ -60,6 +77,7 @@ def run_train(argv: list[str]) -> int:
     if resume not in (None, "latest") and not Path(resume).expanduser().is_dir():
         what = "is a file, not a checkpoint directory" if Path(resume).expanduser().exists() else "does not exist"
         raise CLIError(f"--resume_from_checkpoint {resume} {what} (pass a checkpoint directory or 'latest')")
+    _refuse_unasked_full_run(args, known.config, rest)
     result = train(args)
     from accelerate import PartialState
 

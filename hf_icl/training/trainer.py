@@ -34,6 +34,7 @@ from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..evaluation.runs import evaluation_entry, write_curve_csv, write_metrics
 from ..modeling import build_model
 from ..modeling.model_folder import write_model_manifest
+from . import console
 from .arguments import ICLTrainingArguments
 from .checkpoints import CheckpointSaveError, TrainingProgress, capture_rng_state, quiet_progress, save_checkpoint
 from .curriculum import Curriculum
@@ -233,6 +234,11 @@ class ICLTrainer(ResumeRules):
             accelerator.init_trackers("hf_icl", config=args.to_dict(), init_kwargs={"wandb": {"name": self.run_name}})
         self._show = not args.disable_tqdm and accelerator.is_local_main_process
         self._interactive = sys.stderr.isatty()
+        if self._show:
+            console.say(console.banner(self))
+            if self._start_step:
+                console.say(f"resumed from {self._last_good} at step {self._start_step}{self.seed_note}")
+        self._clock = console.ProgressClock(self.progress.step, args.max_steps)
         self.model.train()
 
     def train_step(self, generator: torch.Generator) -> float:
@@ -259,8 +265,14 @@ class ICLTrainer(ResumeRules):
                     "curriculum/points": points,
                 }
             )
+        estimate = self._clock.estimate(self.progress.step) if self._show else None
+        if estimate:
+            console.say(estimate)
         if args.eval_steps and self.progress.step % args.eval_steps == 0:
-            self._log(self.evaluate())
+            metrics = self.evaluate()
+            self._log(metrics)
+            if self._show:
+                console.say(console.evaluation_line(self.progress.step, args.max_steps, metrics, self.seed_note))
         return loss
 
     def final_evaluation(self) -> dict[str, float]:

@@ -298,3 +298,39 @@ def test_progress_is_plain_lines_when_stderr_is_not_a_terminal(tmp_path, capsys)
     lines = [line for line in err.splitlines() if line.startswith("training step")]
     assert [line.split(":")[0] for line in lines] == ["training step 5/10", "training step 10/10"]
     assert "\r" not in err
+
+
+def test_the_console_says_what_runs_where_how_long_each_evaluation_and_where_a_resume_starts(tmp_path, capsys):
+    """A banner before the first step (model, parameters, task, steps, output folder, device), the time the rest
+    should take once the first steps are timed, each periodic evaluation, and the step a resumed run starts at."""
+    from hf_icl.training import train
+
+    out = tmp_path / "run"
+    result = train(tiny_args(out, disable_tqdm=False, logging_steps=5, eval_steps=5, save_steps=5, max_steps=10))
+    lines = capsys.readouterr().err.splitlines()
+    parameters = sum(p.numel() for p in result.model.parameters())
+    (banner,) = [line for line in lines if line.startswith("hf-icl train: ")]
+    for word in ("gpt2_icl", f"{parameters / 1e6:.2f}M parameters", "linear_regression", "10 steps", str(out), "cpu"):
+        assert word in banner, (word, banner)
+    assert lines.index(banner) < min(i for i, line in enumerate(lines) if line.startswith("training step"))
+    evaluations = [line for line in lines if line.startswith("evaluation at step")]
+    assert [line.split(":")[0] for line in evaluations] == ["evaluation at step 5/10", "evaluation at step 10/10"]
+    assert all("eval/loss" in line for line in evaluations)
+    assert [line for line in lines if "ms per step over the first 10 steps" in line]  # 10 < 20: at the last step
+    train(tiny_args(out, disable_tqdm=False, max_steps=15, resume_from_checkpoint="latest", save_steps=5))
+    lines = capsys.readouterr().err.splitlines()
+    assert f"resumed from {out / 'checkpoints' / 'step-00000010'} at step 10" in lines
+    assert [line for line in lines if line.startswith("hf-icl train: ") and "steps 10 → 15" in line]
+
+
+def test_the_estimate_comes_once_after_the_first_steps_on_an_injected_clock():
+    from hf_icl.training.console import ESTIMATE_AFTER_STEPS, ProgressClock
+
+    now = [100.0]
+    clock = ProgressClock(start_step=40, max_steps=1040, clock=lambda: now[0])
+    assert clock.estimate(40 + ESTIMATE_AFTER_STEPS - 1) is None
+    now[0] += 0.5 * ESTIMATE_AFTER_STEPS  # half a second per step
+    line = clock.estimate(40 + ESTIMATE_AFTER_STEPS)
+    assert line.startswith("500 ms per step over the first 20 steps")
+    assert "about 8 min for the remaining 980 steps" in line
+    assert clock.estimate(40 + ESTIMATE_AFTER_STEPS + 1) is None
