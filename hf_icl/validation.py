@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Iterable
@@ -185,3 +186,16 @@ def allocation_failure(error: BaseException) -> str | None:
         number, unit = found.groups()
         size = f" {format_bytes(float(number))}" if unit == "bytes" else f" {number} {unit}"
     return f"out of memory: {'the GPU' if cuda else 'the CPU allocator'} could not allocate{size}"
+
+
+def did_you_mean(value: Any, candidates: Iterable[str], n: int = 2) -> str:
+    """``"did you mean 'a' or 'b'?"`` for the candidates closest to ``value`` (a typo), or ``""`` if none is close;
+    every "unknown name" message of the package words its hint with this.
+
+    >>> did_you_mean("linear_regresion", ["linear_regression", "sinusoid"])
+    "did you mean 'linear_regression'?"
+    >>> did_you_mean("xyz", ["linear_regression"])
+    ''
+    """
+    close = difflib.get_close_matches(str(value), list(candidates), n=n, cutoff=0.6)
+    return f"did you mean {' or '.join(map(repr, close))}?" if close else ""

@@ -486,7 +486,12 @@ TASK_ROWS = [
         lambda: next(iterate_prompts(LINEAR, 2, 3, seed=0, device="cuda:7")),
         ["device", "cuda:7"],
     ),
-    row("task-unknown", lambda: get_task("linear_regresion", n_dims=3), ["linear_regresion", "linear_regression"]),
+    row(
+        "task-unknown",
+        lambda: get_task("linear_regresion", n_dims=3),
+        ["linear_regresion", "did you mean 'linear_regression'"],
+    ),
+    row("estimator-typo", lambda: get_estimator("least_square"), ["least_square", "did you mean 'least_squares'?"]),
     row("task-n-dims", lambda: get_task("linear_regression", n_dims=0), ["n_dims", "got 0", "[1, +inf)"]),
     row("task-n-dims-string", lambda: get_task("linear_regression", n_dims="3"), ["n_dims", "'3'", "integer"]),
     row(

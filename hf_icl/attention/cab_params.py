@@ -6,14 +6,13 @@ it without importing each other.
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import asdict, dataclass
 
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels._common import check_backend
 from ..kernels.token_selection.policies import BUDGETS, SCORES, TOKEN_POLICIES
-from ..validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int, did_you_mean
 
 __all__ = [
     "BUDGETS",
@@ -150,8 +149,8 @@ def unknown_name_message(what: str, unknown: list[str], allowed: list[str]) -> s
     """``{what} 'x'; did you mean 'y'?`` for each unknown name, then the allowed names."""
     parts = []
     for name in unknown:
-        close = difflib.get_close_matches(str(name), allowed, n=2, cutoff=0.6)
-        parts.append(f"{what} {name!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+        close = did_you_mean(name, allowed)
+        parts.append(f"{what} {name!r}" + (f" ({close})" if close else ""))
     return "; ".join(parts) + f"; allowed: {', '.join(allowed)}"
 
 

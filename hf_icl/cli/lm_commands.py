@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..validation import check_int
+from ..validation import check_int, did_you_mean
 from .checks import CLIError, at_least, existing_file, load_config, model_source, parse_device, writable
 
 
@@ -254,7 +254,6 @@ def run_perplexity_command(args) -> int:
 def _perplexity_texts(spec: str | None) -> dict[str, str]:
     """``--text``: comma-separated built-in text names and UTF-8 file paths (a built-in name wins over a file of
     that name; write ``./NAME`` for the file); None: every built-in text. Returns ``{name or path: text}``."""
-    import difflib
 
     from ..evaluation.perplexity import builtin_texts, load_builtin_text
 
@@ -270,8 +269,7 @@ def _perplexity_texts(spec: str | None) -> dict[str, str]:
             texts[name] = load_builtin_text(name)
             continue
         if not Path(name).expanduser().exists():
-            close = difflib.get_close_matches(name, builtin_texts(), n=2, cutoff=0.6)
-            hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+            hint = f" ({close})" if (close := did_you_mean(name, builtin_texts())) else ""
             raise CLIError(
                 f"--text {name}: no such file, nor a built-in text{hint}; built-in texts: {', '.join(builtin_texts())}"
             )

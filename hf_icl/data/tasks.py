@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import fields
 from typing import Any
 
+from ..validation import did_you_mean
 from .linear_tasks import (
     RENORMALIZATIONS,
     LinearClassification,
@@ -72,7 +73,8 @@ def available_tasks() -> list[str]:
 def get_task(name: str, **kwargs) -> TaskFamily:
     """Build the task family registered as ``name`` with hyperparameters ``kwargs``."""
     if name not in TASK_REGISTRY:
-        raise ValueError(f"unknown task family {name!r}; known task families: {available_tasks()}")
+        hint = f"{close} " if (close := did_you_mean(name, TASK_REGISTRY)) else ""
+        raise ValueError(f"unknown task family {name!r}; {hint}known task families: {available_tasks()}")
     cls = TASK_REGISTRY[name]
     known = {f.name for f in fields(cls) if f.init}
     unknown = sorted(set(kwargs) - known)

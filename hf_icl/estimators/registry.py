@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from ..validation import did_you_mean
 from .base import InContextEstimator
 from .dmmse import DMMSE
 from .kernel_ridge import KernelRidge
@@ -50,7 +51,8 @@ def get_estimator(name: str, **kwargs: Any) -> InContextEstimator:
             required argument or name one the estimator does not take.
     """
     if name not in ESTIMATORS:
-        raise ValueError(f"unknown estimator {name!r}; known estimators: {', '.join(ESTIMATORS)}")
+        hint = f"{close} " if (close := did_you_mean(name, ESTIMATORS)) else ""
+        raise ValueError(f"unknown estimator {name!r}; {hint}known estimators: {', '.join(ESTIMATORS)}")
     cls = ESTIMATORS[name]
     try:
         inspect.signature(cls).bind(**kwargs)

@@ -7,14 +7,13 @@ device. The libraries are imported on first use, so ``import hf_icl.estimators``
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int, did_you_mean
 from .base import InContextEstimator
 
 
@@ -126,8 +125,7 @@ def check_xgb_params(params: dict[str, Any]) -> None:
     """Raise ``ValueError`` for an ``XGBRegressor`` keyword that does not exist or a value out of its range."""
     for name, value in params.items():
         if name not in XGB_PARAMETERS:
-            close = difflib.get_close_matches(name, XGB_PARAMETERS, n=2, cutoff=0.6)
-            hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+            hint = f"{close} " if (close := did_you_mean(name, XGB_PARAMETERS)) else ""
             raise ValueError(
                 f"xgboost got an unknown parameter {name!r}; {hint}allowed: XGBRegressor's keywords "
                 f"({', '.join(XGB_PARAMETERS)})"

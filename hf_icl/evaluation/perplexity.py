@@ -48,7 +48,6 @@ Example::
 from __future__ import annotations
 
 import ast
-import difflib
 import functools
 import hashlib
 import math
@@ -61,7 +60,7 @@ import torch
 import torch.nn.functional as F
 
 from ..attention.cab import CABParams
-from ..validation import check_int
+from ..validation import check_int, did_you_mean
 from .cab_methods import (
     DENSE,
     NIAHMethod,
@@ -226,8 +225,7 @@ def load_builtin_text(name: str) -> str:
     """The built-in text ``name`` (one of :func:`builtin_texts`), built from files Python ships; nothing is
     downloaded. An unknown name raises ``ValueError`` with the closest names."""
     if name not in _BUILDERS:
-        close = difflib.get_close_matches(str(name), list(_BUILDERS), n=2, cutoff=0.6)
-        hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
+        hint = f" ({close})" if (close := did_you_mean(name, _BUILDERS)) else ""
         raise ValueError(f"unknown built-in text {name!r}{hint}; built-in texts: {', '.join(_BUILDERS)}")
     return _BUILDERS[name]()
 

@@ -17,11 +17,10 @@ Every config calls it first thing in ``__post_init__``::
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import fields
 from typing import Any
 
-from ..validation import check_choice
+from ..validation import check_choice, did_you_mean
 
 #: keys that transformers' save_pretrained / from_pretrained / AutoConfig / from_dict pass to a config's
 #: ``__post_init__`` (they are not dataclass fields), or that ``PretrainedConfig.__post_init__`` consumes
@@ -120,8 +119,7 @@ def preset_width(size: str, presets: dict[str, int], field: str, kwargs: dict[st
 def _unknown_fields_message(owner: str, unknown: list[str], known: list[str]) -> str:
     parts = []
     for key in unknown:
-        close = difflib.get_close_matches(str(key), known, n=3, cutoff=0.6)
-        hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+        hint = f"; {close}" if (close := did_you_mean(key, known, n=3)) else ""
         parts.append(f"{owner} got an unknown field {key!r}{hint}")
     tail = "" if all("did you mean" in part for part in parts) else f" (its fields: {', '.join(known)})"
     return "; ".join(parts) + tail

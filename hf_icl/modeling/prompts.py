@@ -8,10 +8,10 @@ any token holding ``y_i``, so one causal forward pass predicts every position.
 
 from __future__ import annotations
 
-import difflib
-
 import torch
 import torch.nn.functional as F
+
+from ..validation import did_you_mean
 
 #: What a model's targets are: real values (MSE), ±1 labels (BCE on one logit) or class ids (CE).
 TARGET_KINDS = ("regression", "binary", "categorical")
@@ -220,8 +220,8 @@ def check_forward_kwargs(owner: str, kwargs: dict, own: tuple[str, ...] = ()) ->
         candidates = sorted(allowed | set(own))
         parts = []
         for key in unknown:
-            close = difflib.get_close_matches(key, candidates, n=2, cutoff=0.6)
-            parts.append(f"{key!r}" + (f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""))
+            close = did_you_mean(key, candidates)
+            parts.append(f"{key!r}" + (f" ({close})" if close else ""))
         raise ValueError(
             f"{owner}.forward got unexpected keyword argument(s) {', '.join(parts)}; it takes "
             f"{', '.join(own)} and transformers' per-call keywords ({', '.join(sorted(allowed))})"

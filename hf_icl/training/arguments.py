@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import json
 import shlex
 import warnings
@@ -10,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from ..validation import check_choice, check_float, check_int
+from ..validation import check_choice, check_float, check_int, did_you_mean
 
 #: the values of each typed choice (``--help`` lists them; the dataclass fields use these ``Literal`` types)
 ReportTo = Literal["tensorboard", "wandb", "none"]
@@ -334,8 +333,7 @@ class ICLTrainingArguments:
         known = [f.name for f in fields(cls)]
         for key in values:
             if key not in known:
-                close = difflib.get_close_matches(str(key), known, n=2, cutoff=0.6)
-                hint = f"did you mean {' or '.join(map(repr, close))}? " if close else ""
+                hint = f"{close} " if (close := did_you_mean(key, known)) else ""
                 raise ValueError(f"{source}: unknown training argument {key!r}; {hint}(hf-icl train --help lists them)")
         for key in ("task_params", "model_overrides"):
             if isinstance(values.get(key), dict):
