@@ -1,12 +1,12 @@
 """``hf-icl reproduce PAPER EXPERIMENT``: one package per seed document, run by one :func:`run_experiment`.
 
 Each paper package holds that document's numbers, specs, experiments, claims and plots, and describes itself with a
-:class:`~.runs.Paper`; :mod:`.engine` runs any of them the same way. An experiment trains, evaluates on fresh tasks
+:class:`~.report.Paper`; :mod:`.engine` runs any of them the same way. An experiment trains, evaluates on fresh tasks
 and writes ``OUTPUT_DIR/PAPER/EXPERIMENT/results.md`` (plots, tables and a verdict for every claim of the document:
 holds, does not hold, or not testable at this size) plus ``results.json``.
 
 How the reproductions train: through the package's training stack. sgpt's models train with
-:func:`hf_icl.training.train` (the :class:`~hf_icl.training.ICLTrainer`, via :func:`~.runs.train_or_reuse`).
+:func:`hf_icl.training.train` (the :class:`~hf_icl.training.ICLTrainer`, via :func:`~.report.train_or_reuse`).
 linear-attention, kernel-icl and gd-icl's synthetic and features experiments train the seeds of one small model in
 lockstep as one stacked model, the seed-stacked trainer :class:`hf_icl.training.seed_ensemble.SeedEnsemble` (gd-icl's
 constructed models, :class:`~.gd_icl.GDConstructionEnsemble`, step through its same checked optimizer step): every

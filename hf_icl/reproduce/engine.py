@@ -1,6 +1,6 @@
 """One way to run every reproduction: :func:`run_experiment` checks the options, picks the size, writes the report.
 
-A paper package describes itself with a :class:`~.runs.Paper` (``PAPER_SPEC``): its experiments, its CPU and full
+A paper package describes itself with a :class:`~.report.Paper` (``PAPER_SPEC``): its experiments, its CPU and full
 sizes, how a run's size reads in the report and the experiment state its experiments run on. Everything else (the
 options a user may pass, where results go, the report's header and ``results.md``) is the same for every paper, here.
 """
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..validation import check_bool, check_choice, check_int, check_writable_dir
 from . import gd_icl, kernel_icl, linear_attention, sgpt
-from .runs import Paper, Report, RunOptions, log
+from .report import Paper, Report, RunOptions, log
 
 #: paper name -> its description
 PAPERS: dict[str, Paper] = {

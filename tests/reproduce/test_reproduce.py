@@ -9,7 +9,7 @@ from toy_scales import SGPT_TOY as TOY
 
 from hf_icl.cli import main
 from hf_icl.reproduce import experiments, reproduce
-from hf_icl.reproduce.runs import VERDICTS, Claim, Report, comparable, improves
+from hf_icl.reproduce.report import VERDICTS, Claim, Report, comparable, improves
 from hf_icl.reproduce.sgpt import EXPERIMENTS
 
 
@@ -101,7 +101,7 @@ def test_linear_fit_on_the_scalar_estimate_is_least_squares(per_position):
 
 
 def test_a_model_that_learned_nothing_makes_its_claim_untestable():
-    from hf_icl.reproduce.runs import Subject, judge
+    from hf_icl.reproduce.report import Subject, judge
 
     nothing = Subject("SGPT", error=0.95, trivial=1.0)  # above 0.9 × the trivial error
     something = Subject("GPT-2", error=0.85, trivial=1.0)
@@ -117,7 +117,7 @@ def test_a_model_that_learned_nothing_makes_its_claim_untestable():
 
 
 def test_report_appends_the_reason_to_the_measurement(tmp_path):
-    from hf_icl.reproduce.runs import Subject
+    from hf_icl.reproduce.report import Subject
 
     report = Report("p", "e", "t", "tiny", "cmd", tmp_path)
     claim = report.claim("SGPT beats XGBoost", "yes", "0.86 vs 1.3", True, [Subject("XGBoost", 1.3, 1.0, "baseline")])

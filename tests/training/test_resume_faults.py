@@ -348,7 +348,7 @@ def test_a_damaged_cached_run_is_a_one_line_error_that_says_retrain(tmp_path):
     from safetensors.torch import save_file
 
     from hf_icl.reproduce.linear_attention import ERRORS_FILE, GroupResult
-    from hf_icl.reproduce.runs import DamagedRunError, read_run_json, read_run_tensors
+    from hf_icl.reproduce.report import DamagedRunError, read_run_json, read_run_tensors
 
     errors = tmp_path / ERRORS_FILE
     save_file({"softmax": torch.arange(6.0)}, errors)

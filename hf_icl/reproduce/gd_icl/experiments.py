@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from ..runs import Experiment, Paper, Report, RunOptions
+from ..report import Experiment, Paper, Report, RunOptions
 from .document import PAPER
 from .features import features
 from .specs import CPU, FULL, ExperimentState, Scale

@@ -7,7 +7,7 @@ import math
 
 from ...data.episodes import Episodes, digit_features, sample_episodes
 from ...estimators.linear_probe import linear_probe
-from ..runs import Subject, log
+from ..report import Subject, log
 from .metrics import interval_text, learned_values, mean_of, model_query_metrics, query_metrics, seed_stats
 from .specs import EVAL_STREAM, ExperimentState, FeatureScale, Stream, feature_specs
 from .training import train_models

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from ...modeling.gd_transformer import GDTransformerForInContextClassification
-from ..runs import seed_interval
+from ..report import seed_interval
 
 
 # -- metrics -----------------------------------------------------------------------------------------------------------

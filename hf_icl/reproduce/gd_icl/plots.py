@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ...evaluation.plotting import new_axes, new_panels, save_figure
-from ..runs import seed_interval
+from ..report import seed_interval
 
 
 def _interval(values) -> tuple[float, float]:

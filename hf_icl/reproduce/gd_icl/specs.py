@@ -11,7 +11,7 @@ import torch
 
 from ...data.tasks import get_task
 from ...validation import check_choice
-from ..runs import Report
+from ..report import Report
 
 #: seed offsets of the training data and of the evaluation prompts (model weights use the seed itself); the batches
 #: of a training set are picked by a generator seeded BATCH_STREAM + seed

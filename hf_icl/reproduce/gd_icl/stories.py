@@ -17,7 +17,7 @@ The default corpus is the offline template grammar (:func:`~hf_icl.data.stories.
 text than TinyStories, so its numbers do not compare with the document's; ``corpus="tinystories"`` (online) or a
 local path trains on real stories. Example (a tiny run)::
 
-    from hf_icl.reproduce.runs import Report
+    from hf_icl.reproduce.report import Report
     report = Report("gd-icl", "stories", TITLE, "", "", Path("out"))
     stories(report, Path("out/runs"), full=False, retrain=False, steps=20, seed=0, scale=StoriesScale(n_stories=60))
     report.write()
@@ -30,7 +30,7 @@ from pathlib import Path
 from ...evaluation.story_judge import CRITERIA, aggregate_scores, judge_stories
 from ...modeling.gd_transformer import attention_parameter_counts
 from ...validation import check_int
-from ..runs import Report, log
+from ..report import Report, log
 from .document import DOCUMENT_HEADS, DOCUMENT_WIDTH
 from .stories_claims import (
     document_size_counts,

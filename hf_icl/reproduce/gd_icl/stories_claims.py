@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from ...evaluation.repetition import distinct_n, repetition_rate, story_tokens
 from ...evaluation.story_judge import CRITERIA
 from ...modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM, attention_parameter_counts
-from ..runs import Subject
+from ..report import Subject
 from .document import DOCUMENT_HEADS, DOCUMENT_RATIO_PERCENT, DOCUMENT_WIDTH
 from .stories_training import MODELS, StoriesScale
 

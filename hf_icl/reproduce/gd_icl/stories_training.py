@@ -18,7 +18,7 @@ from ...data.stories import load_story_corpus, pack_stories, train_story_tokeniz
 from ...modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM
 from ...training.checkpoints import quiet_progress
 from ...validation import check_int
-from ..runs import log, read_run_json
+from ..report import log, read_run_json
 from .document import DOCUMENT_HEADS, DOCUMENT_WIDTH
 
 #: model name -> its label in the report

@@ -12,7 +12,7 @@ import torch
 
 from ...modeling.gd_transformer import distance_to_construction
 from ...training.seed_ensemble import build_seeded
-from ..runs import Subject, log
+from ..report import Subject, log
 from .document import ACCURACY_TOLERANCE, ALIGNED
 from .metrics import interval_text, learned_values, mean_of, query_logits, query_metrics, seed_stats
 from .specs import (

@@ -22,7 +22,7 @@ from ...data.episodes import digit_features, sample_episodes
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
 from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
 from ...validation import check_float, check_int
-from ..runs import log, read_run_json, usable_cores
+from ..report import log, read_run_json, usable_cores
 from ..workers import worker_pool
 from .specs import (
     BATCH_STREAM,

@@ -1,7 +1,7 @@
 """The kernel-ICL study's experiments (seed 000): Table 1, Table 2, the seven key insights, the figures, and the claims
 each makes.
 
-Every claim about a model or a baseline is judged by the package's testability rule (:func:`~hf_icl.reproduce.runs.
+Every claim about a model or a baseline is judged by the package's testability rule (:func:`~hf_icl.reproduce.report.
 judge`) against the trivial predictor on the same evaluation data: the zero predictor (always 0, the package's
 convention, :meth:`~hf_icl.evaluation.metrics.PositionMetric.trivial_per_prompt`), scored against the same clean
 targets as the methods. The context-mean predictor (the mean of the prompt's context labels) is reported beside it for
@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ...estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
-from ..runs import Experiment, Paper, Report, RunOptions, Subject, seed_interval
+from ..report import Experiment, Paper, Report, RunOptions, Subject, seed_interval
 from .data import sine_prompt, table1_references, table2_eval_batch, table2_references
 from .document import KERNEL_NAMES, ROW_KERNELS, TABLE1, TABLE2, TABLE2_KRR, grid_label, grid_name
 from .specs import CPU, FULL, PAPER, TABLE1_MODELS, TRIVIAL_LABEL, Group, Scale, Training, group_model_config

@@ -9,7 +9,7 @@ import torch
 
 from ...evaluation.plotting import new_panels, save_figure
 from ...similarity.row_kernels import row_kernel_scores
-from ..runs import seed_interval
+from ..report import seed_interval
 from .document import KERNEL_NAMES, TABLE1, grid_label, grid_name
 
 #: the document's query for the weight profiles (x ≈ 0.94, on the right slope)

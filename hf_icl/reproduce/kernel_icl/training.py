@@ -14,7 +14,7 @@ from safetensors.torch import save_file
 from ...data.tasks import get_task
 from ...training.checkpoints import quiet_progress
 from ...training.seed_ensemble import SeedEnsemble
-from ..runs import log, read_run_json, read_run_tensors, usable_cores
+from ..report import log, read_run_json, read_run_tensors, usable_cores
 from ..workers import worker_pool
 from .data import context_query_batch
 from .specs import Group, Scale, Training

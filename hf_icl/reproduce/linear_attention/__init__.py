@@ -15,8 +15,8 @@ appendix's feature maps: identity, ReLU, the quadratic map and ReLU², each trai
 way) and ``engines`` (how fast each way of training the seeds runs on this machine). The runs are shared: ``table2``
 after ``table1`` trains nothing, and the ablation's ReLU² row is the 6-layer linear model of the tables.
 
-Every claim is judged by the project's testability rule (:meth:`~hf_icl.reproduce.runs.Report.claim` with one
-:class:`~hf_icl.reproduce.runs.Subject` per model the claim is about: its final test loss and the zero predictor's on
+Every claim is judged by the project's testability rule (:meth:`~hf_icl.reproduce.report.Report.claim` with one
+:class:`~hf_icl.reproduce.report.Subject` per model the claim is about: its final test loss and the zero predictor's on
 the same prompts): a claim about a model that learned nothing is "not testable at this size". Two checks of this
 study come on top (:func:`~.claims.testability`): a model still improving at the end of training, and one seed
 where a claim needs an interval, also make a claim not testable.
@@ -43,7 +43,7 @@ ensembles in worker processes, cached results, the curves' statistics, an experi
 from __future__ import annotations
 
 # the t interval of a seed mean, which every table of this study uses (kept here for its callers)
-from ..runs import seed_interval
+from ..report import seed_interval
 from .claims import Testability, ablation_claims, isotropic_claims, subjects, testability
 from .data import (
     anisotropic_weight_prompts,

@@ -1,6 +1,6 @@
 """The linear-attention report's sections: each table beside the document's numbers, and every claim of the
-document judged on our runs by the project's testability rule (:meth:`~hf_icl.reproduce.runs.Report.claim` with one
-:class:`~hf_icl.reproduce.runs.Subject` per model the claim is about) with this study's own checks on top
+document judged on our runs by the project's testability rule (:meth:`~hf_icl.reproduce.report.Report.claim` with one
+:class:`~hf_icl.reproduce.report.Subject` per model the claim is about) with this study's own checks on top
 (:func:`testability`)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ...kernels.linear_attention import feature_dim
-from ..runs import Subject, comparable
+from ..report import Subject, comparable
 from .document import (
     ABLATION_DEPTH,
     DEPTHS,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runs import Experiment, Paper, Report, RunOptions
+from ..report import Experiment, Paper, Report, RunOptions
 from .claims import (
     ablation_section,
     convergence_section,

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ...evaluation.plotting import new_panels, save_figure
-from ..runs import seed_interval
+from ..report import seed_interval
 from .document import ABLATION_DEPTH, DEPTHS, FEATURE_MAP_FORMULAS
 from .specs import RECIPES, depth_label
 from .training import GroupResult

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import torch
 
-from ..runs import log, usable_cores
+from ..report import log, usable_cores
 from ..workers import worker_pool
 from .claims import markdown_table
 from .data import draw_batches, study_task

@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
-from ..runs import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
+from ..report import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
 from .document import CONVERGED, DEPTHS, DOCUMENT_WIDTH, GPT2_VOCAB

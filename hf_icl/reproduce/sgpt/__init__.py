@@ -14,7 +14,7 @@ all lengths, as the document does for its MLPs) and are read at the document's c
 Beyond the figures: ``hilbert`` measures the consistency of the Hilbert estimate the document relies on
 (:mod:`~hf_icl.reproduce.sgpt.hilbert`), ``lengths`` evaluates GPT-2 and SGPT past the prompt length they
 trained on (:mod:`~hf_icl.reproduce.sgpt.lengths`). Every claim passes the models and baselines it is
-about to :meth:`Report.claim` as :class:`~hf_icl.reproduce.runs.Subject` s (:func:`subject`): one that
+about to :meth:`Report.claim` as :class:`~hf_icl.reproduce.report.Subject` s (:func:`subject`): one that
 learned nothing, or a baseline worse than the trivial predictor, makes the claim "not testable at this size".
 
 The package: :mod:`.common` (run sizes, the experiment state, the curve helpers), :mod:`.figures` (Fig. 1–7 and their

@@ -1,6 +1,6 @@
 """What the SGPT reproductions (seed ``001``) share: the run sizes, an experiment's state (where it writes, how it
 trains and evaluates), and the helpers that turn evaluation curves into tables and into the
-:class:`~hf_icl.reproduce.runs.Subject` s a claim is judged on (:mod:`~hf_icl.reproduce.sgpt.figures` has the
+:class:`~hf_icl.reproduce.report.Subject` s a claim is judged on (:mod:`~hf_icl.reproduce.sgpt.figures` has the
 figures, :mod:`~hf_icl.reproduce.sgpt.hilbert` the consistency of the Hilbert estimate,
 :mod:`~hf_icl.reproduce.sgpt.lengths` the prompts longer than the trained ones).
 """
@@ -19,7 +19,7 @@ from ...evaluation import evaluate_context_scaling
 from ...evaluation.context_scaling import TRIVIAL
 from ...evaluation.tables import markdown_grid
 from ..plots import plot_sweep
-from ..runs import Report, Subject, model_fields, train_or_reuse
+from ..report import Report, Subject, model_fields, train_or_reuse
 
 PAPER = "sgpt"
 

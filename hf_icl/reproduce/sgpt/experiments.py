@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..runs import Experiment, Paper, Report, RunOptions
+from ..report import Experiment, Paper, Report, RunOptions
 from . import hilbert, lengths
 from .common import CPU, FULL, PAPER, ExperimentState, Scale
 from .figures import fig1, fig2, fig3, fig4, fig5, fig6, fig7

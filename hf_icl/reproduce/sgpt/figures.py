@@ -11,7 +11,7 @@ from ...estimators import get_estimator
 from ...evaluation.baselines import estimator_for_task
 from ...modeling.sgpt.feature_maps import feature_map as apply_feature_map
 from ...modeling.sgpt.feature_maps import prompt_matrix
-from ..runs import comparable, improves
+from ..report import comparable, improves
 from .common import ExperimentState, at, best_of, fmt, in_context_subject, subject, table
 
 

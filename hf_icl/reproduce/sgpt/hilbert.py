@@ -30,7 +30,7 @@ import torch
 
 from ...data.tasks import make_task
 from ...validation import check_float, check_int
-from ..runs import Subject
+from ..report import Subject
 from .common import fmt
 
 if TYPE_CHECKING:

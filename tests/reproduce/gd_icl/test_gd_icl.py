@@ -19,7 +19,7 @@ from hf_icl.modeling.gd_transformer import (
 )
 from hf_icl.modeling.model_folder import read_model_manifest
 from hf_icl.reproduce import PAPERS, gd_icl, run_experiment
-from hf_icl.reproduce.runs import VERDICTS, Report
+from hf_icl.reproduce.report import VERDICTS, Report
 from hf_icl.training import TrainingDivergedError
 
 SYNTHETIC = gd_icl.SyntheticScale(

@@ -24,7 +24,7 @@ from hf_icl.reproduce.gd_icl.stories_claims import (
     story_prompts,
 )
 from hf_icl.reproduce.gd_icl.stories_training import MODELS, StoriesScale, prepare_data
-from hf_icl.reproduce.runs import VERDICTS, Report, judge
+from hf_icl.reproduce.report import VERDICTS, Report, judge
 
 TINY = StoriesScale(
     n_stories=40,

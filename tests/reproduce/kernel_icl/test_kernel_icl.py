@@ -13,7 +13,7 @@ from scipy.stats import spearmanr
 from hf_icl.data.tasks import get_task
 from hf_icl.reproduce import kernel_icl, run_experiment
 from hf_icl.reproduce.kernel_icl import experiments as kernel_experiments
-from hf_icl.reproduce.runs import VERDICTS, Report
+from hf_icl.reproduce.report import VERDICTS, Report
 from hf_icl.training.seed_ensemble import SeedEnsemble
 
 TINY = kernel_icl.Scale(

@@ -17,7 +17,7 @@ from hf_icl.cli import main
 from hf_icl.modeling import LinearGPTConfig, build_config
 from hf_icl.reproduce import experiments, reproduce
 from hf_icl.reproduce import linear_attention as la
-from hf_icl.reproduce.runs import LEARNED_FACTOR, VERDICTS, Report
+from hf_icl.reproduce.report import LEARNED_FACTOR, VERDICTS, Report
 from hf_icl.training.trainer import step_seed
 
 TOY = la.Scale("toy", False, 8, (1, 2), 1000, 2, 64, 32, 16)

@@ -13,7 +13,7 @@ from toy_scales import SGPT_TOY as REPRODUCE_TOY
 from hf_icl.evaluation.context_scaling import TRIVIAL
 from hf_icl.modeling.sgpt import feature_map, prompt_matrix
 from hf_icl.reproduce import reproduce
-from hf_icl.reproduce.runs import VERDICTS, Report
+from hf_icl.reproduce.report import VERDICTS, Report
 from hf_icl.reproduce.sgpt import ExperimentState
 from hf_icl.reproduce.sgpt.common import best_of, subject
 from hf_icl.reproduce.sgpt.hilbert import (
