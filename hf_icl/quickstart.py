@@ -9,6 +9,7 @@ checks that its predictions are bit-identical, and checks it against the baselin
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -80,14 +81,32 @@ def acceptance_checks(result: ContextScalingResult, n_dims: int) -> dict[str, bo
     }
 
 
+#: torch threads the quickstart runs with: its numbers depend on the thread count (reductions split differently), and
+#: a tiny model gains little from a second thread but loses ~10x when the cores are shared with another job
+QUICKSTART_THREADS = 1
+
+
+@contextmanager
+def torch_threads(count: int):
+    """Run the block with ``count`` torch intra-op threads, restoring the previous count after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def run_quickstart(output_dir: str | Path = "outputs/quickstart", seed: int = 0, **overrides) -> QuickstartReport:
-    """Train (the trainer evaluates, plots and writes the model card), reload and check;
-    ``overrides`` change fields of :data:`QUICKSTART_RUN`."""
+    """Train (the trainer evaluates, plots and writes the model card), reload and check, on
+    :data:`QUICKSTART_THREADS` thread(s) (the seeded numbers are the same on every machine); ``overrides`` change
+    fields of :data:`QUICKSTART_RUN`."""
     output_dir = Path(output_dir)
     args = ICLTrainingArguments(**{**QUICKSTART_RUN, "seed": seed, **overrides, "output_dir": str(output_dir)})
-    trained = train(args)
-    family = build_task(args)
-    reload_identical = _reload_is_identical(trained.model.eval(), output_dir, family, args.n_points)
+    with torch_threads(QUICKSTART_THREADS):
+        trained = train(args)
+        family = build_task(args)
+        reload_identical = _reload_is_identical(trained.model.eval(), output_dir, family, args.n_points)
     checks = acceptance_checks(trained.context_scaling, args.n_dims)
     return QuickstartReport(trained.context_scaling, output_dir, reload_identical, checks)
 

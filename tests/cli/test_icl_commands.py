@@ -126,3 +126,25 @@ def test_version_prints_the_package_version(capsys):
         main(["--version"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.strip() == f"hf-icl {hf_icl.__version__}"
+
+
+def test_the_quickstart_runs_on_its_own_thread_count_whatever_the_callers(tmp_path):
+    """Seeded numbers that do not depend on the machine: the caller's torch thread count neither changes the result
+    nor is changed by the run."""
+    import torch
+
+    from hf_icl.quickstart import QUICKSTART_THREADS, run_quickstart
+
+    previous = torch.get_num_threads()
+    curves = []
+    try:
+        for threads in (2, 1):
+            torch.set_num_threads(threads)
+            report = run_quickstart(tmp_path / f"qs{threads}", max_steps=6, eval_prompts=32, logging_steps=3)
+            assert torch.get_num_threads() == threads  # restored
+            curves.append(report.result.values)
+    finally:
+        torch.set_num_threads(previous)
+    assert QUICKSTART_THREADS == 1
+    assert curves[0].keys() == curves[1].keys()
+    assert all(torch.equal(curves[0][name], curves[1][name]) for name in curves[0])
