@@ -17,3 +17,10 @@ def gpt2_lm():
 def tokenizer():
     """The GPT-2-like byte-level BPE trained on NIAH text (:func:`tiny_models.gpt2_like`), built once per module."""
     return gpt2_like()
+
+
+@pytest.fixture(autouse=True)
+def no_hub_probe(monkeypatch):
+    """No test opens a connection to the Hub: the reachability probe behind "not logged in" says it is reachable
+    (a test of the unreachable message patches it again)."""
+    monkeypatch.setattr("hf_icl.training.hub.hub_unreachable", lambda timeout=3.0: None)

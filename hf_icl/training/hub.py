@@ -84,17 +84,23 @@ def check_hub_access(repo_id: str, token: str | None = None, *, api: Any = None)
     _refuse_offline()
     token = token or get_token()
     if not token:
+        unreachable = hub_unreachable()
+        also = f"; and the Hub cannot be reached from here ({unreachable})" if unreachable else ""
         raise HubAccessError(
             f"cannot push to {repo_id!r}: not logged in to the Hugging Face Hub; run `hf auth login`, "
-            "set HF_TOKEN, or pass a token"
+            f"set HF_TOKEN, or pass a token{also}"
         )
     api = HfApi(token=token) if api is None else api
     try:
         identity = api.whoami()
     except Exception as err:  # a network error or a refused token: both end the push before training
-        raise HubAccessError(
-            f"cannot push to {repo_id!r}: the Hub did not accept the token ({type(err).__name__}: {_one_line(err)})"
-        ) from None
+        cause = f"{type(err).__name__}: {_one_line(err)}"
+        if _is_network_error(err):
+            raise HubAccessError(
+                f"cannot push to {repo_id!r}: the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached ({cause}); "
+                "check the network (the token was not checked)"
+            ) from None
+        raise HubAccessError(f"cannot push to {repo_id!r}: the Hub did not accept the token ({cause})") from None
     user = identity.get("name")
     namespace = repo_id.split("/")[0] if "/" in repo_id else user
     allowed = [user, *(org.get("name") for org in identity.get("orgs") or [])]
@@ -206,6 +212,29 @@ def _refuse_offline() -> None:
     if on or constants.HF_HUB_OFFLINE:
         where = f"{on[0]}={os.environ[on[0]]}" if on else "huggingface_hub.constants.HF_HUB_OFFLINE"
         raise HubAccessError(f"cannot push to the Hugging Face Hub in offline mode ({where}); unset it to push")
+
+
+def hub_unreachable(timeout: float = 3.0) -> str | None:
+    """Why the Hub's host cannot be reached (a name that does not resolve, a refused or timed-out connection), or
+    None when a TCP connection to it opens."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(constants.ENDPOINT)
+    host, port = url.hostname or "huggingface.co", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"{host}:{port}: {_one_line(err)}"
+    return None
+
+
+def _is_network_error(err: BaseException) -> bool:
+    """A failure to reach the Hub (DNS, connection, timeout) rather than an answer from it; httpx's and requests'
+    transport errors and the OS's alike, matched by class name so neither library needs importing."""
+    names = {cls.__name__ for cls in type(err).__mro__}
+    transport = {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "TimeoutException", "Timeout"}
+    return isinstance(err, (ConnectionError, TimeoutError, OSError)) or bool(names & transport)
 
 
 def _one_line(err: BaseException) -> str:

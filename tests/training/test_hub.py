@@ -212,3 +212,39 @@ def test_default_repo_name_is_the_output_folder_name(tmp_path):
     assert default_repo_name(tmp_path / "run.v2" / ".." / "sgpt_run") == "sgpt_run"
     with pytest.raises(ValueError, match="folder name 'my run'.*; pass hub_model_id"):
         default_repo_name(tmp_path / "my run")
+
+
+def test_a_network_failure_and_a_refused_token_are_told_apart(monkeypatch):
+    """A DNS or connection failure is not "the Hub did not accept the token" (the token was never checked), and
+    "not logged in" says when the Hub could not be reached either."""
+
+    class ConnectError(Exception):  # httpx's transport error, by name
+        pass
+
+    class HfHubHTTPError(Exception):
+        pass
+
+    with pytest.raises(HubAccessError) as raised:
+        check_hub_access("icl-lab/x", token="hf_token", api=FakeHfApi(error=ConnectError("Name or service not known")))
+    assert "cannot be reached" in str(raised.value) and "did not accept" not in str(raised.value)
+    refused = HfHubHTTPError("401 Client Error: Unauthorized for url: https://huggingface.co/api/whoami-v2")
+    with pytest.raises(HubAccessError) as raised:
+        check_hub_access("icl-lab/x", token="hf_token", api=FakeHfApi(error=refused))
+    assert "did not accept the token" in str(raised.value) and "401" in str(raised.value)
+    monkeypatch.setattr("hf_icl.training.hub.get_token", lambda: None)
+    monkeypatch.setattr("hf_icl.training.hub.hub_unreachable", lambda timeout=3.0: "huggingface.co:443: no DNS")
+    with pytest.raises(HubAccessError, match="not logged in.*cannot be reached from here \\(huggingface.co:443"):
+        check_hub_access("icl-lab/x")
+
+
+def test_the_reachability_probe_names_the_host_it_could_not_reach(monkeypatch):
+    import socket
+
+    from hf_icl.training import hub
+
+    def refuse(address, timeout):
+        raise OSError(f"[Errno -2] Name or service not known: {address[0]}")
+
+    monkeypatch.undo()  # the real probe, with the socket call replaced
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    assert hub.hub_unreachable().startswith("huggingface.co:443: [Errno -2] Name or service not known")
