@@ -1,9 +1,11 @@
 """The ``hf-icl`` console command's front door.
 
-``hf-icl --help`` and ``hf-icl --version`` are answered here, without importing torch, transformers
-or ``hf_icl`` itself (whose import registers every model with transformers' Auto classes and takes
-seconds); every other call is handed to :func:`hf_icl.cli.main`, imported inside :func:`main` only (``hf_icl.cli``
-imports :mod:`hf_icl_cli.commands`, so a module-level import here would be a cycle).
+``hf-icl --help``, ``hf-icl --version`` and ``hf-icl COMMAND --help`` are answered here, without importing torch,
+transformers or ``hf_icl`` itself (whose import registers every model with transformers' Auto classes and takes
+seconds): a command's help is served from ``help_texts.json``, rendered from the live parsers by
+:mod:`hf_icl.cli.help_texts` (a test keeps it equal to them). Every other call is handed to
+:func:`hf_icl.cli.main`, imported inside :func:`main` only (``hf_icl.cli`` imports :mod:`hf_icl_cli.commands`, so a
+module-level import here would be a cycle).
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from importlib import metadata
 
 from .commands import COMMANDS, DESCRIPTION
 
-__all__ = ["COMMANDS", "DESCRIPTION", "front_parser", "main", "version"]
+__all__ = ["COMMANDS", "DESCRIPTION", "command_help", "front_parser", "main", "version"]
 
 
 def version() -> str:
@@ -42,10 +44,25 @@ def front_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def command_help(command: str) -> str | None:
+    """The stored ``hf-icl COMMAND --help`` text (None if there is none)."""
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent / "help_texts.json"
+    try:
+        return json.loads(path.read_text()).get(command)
+    except (OSError, ValueError):  # a broken install: the live parser answers instead
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0].startswith("-"):  # no command yet: --help, --version, or a usage error
         front_parser().parse_args(argv)  # prints and exits for all three
+    if len(argv) == 2 and argv[1] in ("-h", "--help") and (text := command_help(argv[0])) is not None:
+        sys.stdout.write(text)
+        return 0
     from hf_icl.cli import main as run_command
 
     return run_command(argv)

@@ -169,3 +169,28 @@ def test_the_examples_in_the_new_modules_run():
 
     for module in (hf_icl.options, hf_icl.data.saved_prompts):
         assert doctest.testmod(module, raise_on_error=True).attempted > 0
+
+
+def test_every_command_help_is_served_without_torch_and_equals_the_live_parser():
+    """``hf-icl COMMAND --help`` comes from hf_icl_cli/help_texts.json (no torch, no hf_icl import); the stored text
+    must be what the parsers print (after changing a flag: python -m hf_icl.cli.help_texts)."""
+    import json
+    import subprocess
+    import sys
+
+    from hf_icl.cli.help_texts import HELP_FILE, render_all
+    from hf_icl_cli.commands import COMMANDS
+
+    stored = json.loads(HELP_FILE.read_text())
+    assert set(stored) == set(COMMANDS)
+    stale = [command for command, text in render_all().items() if stored[command] != text]
+    assert not stale, f"help_texts.json is stale for {stale}: run python -m hf_icl.cli.help_texts"
+    code = (
+        "import sys, hf_icl_cli\n"
+        "for command in hf_icl_cli.COMMANDS:\n"
+        "    assert hf_icl_cli.main([command, '--help']) == 0\n"
+        "print(sorted(m for m in ('torch', 'transformers', 'hf_icl') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip().splitlines()[-1] == "[]"
+    assert "usage: hf-icl train" in result.stdout and "usage: hf-icl niah" in result.stdout
