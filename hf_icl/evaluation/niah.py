@@ -389,7 +389,8 @@ def run_niah(
             ``n_values`` for their variant), dtype, ``preservation_queries``,
             ``chat_template`` and CAB's other hyperparameters (every other ``cab_*`` field of the model config,
             e.g. ``cab_lambda``, ``cab_sink_blocks``, ``cab_magnitude_fraction``).
-        progress: show a tqdm bar over (method, prompt) pairs with the running accuracy.
+        progress: show progress over (method, prompt) pairs with the running accuracy (a bar at a terminal, plain
+            lines in a log file).
         preservation_queries: how many final prompt tokens score the preservation (default: the question's
             tokens plus the chat template's after them).
         chat_template: make each prompt the user message of the tokenizer's chat template (see the module
@@ -404,9 +405,8 @@ def run_niah(
     this grid (loaded or computed), method by method in prompt order; each has the fields of
     :data:`RECORD_FIELDS`.
     """
-    from tqdm.auto import tqdm
-
     from ..data.niah import NeedleInAHaystackConfig, load_tokenizer, tokenizer_fingerprint
+    from ..progress import progress_bar
 
     methods = check_methods(methods)
     CABParams(block_size=block_size, budget=budget)  # validates both, naming them
@@ -482,7 +482,7 @@ def run_niah(
 
     pad_id = _pad_token_id(model, tokenizer)
     records: list[dict[str, Any]] = []
-    bar = tqdm(total=len(methods) * len(rows), desc="niah", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(len(methods) * len(rows), "niah", progress)
     try:
         with restoring_attention(model):
             model.eval()

@@ -300,7 +300,7 @@ def long_text_perplexity(
     ``window_nll`` (each window's mean NLL per scored token). The ratio and its interval are None without a
     dense method; the intervals are None for one window.
     """
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     check_int("length", length, low=2)
     check_int("windows", windows, low=1)
@@ -313,7 +313,7 @@ def long_text_perplexity(
     chunks = text_windows(tokenizer, text, length, windows)
 
     records: list[dict[str, Any]] = []
-    bar = tqdm(total=len(methods) * windows, desc="perplexity", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(len(methods) * windows, "perplexity", progress)
     try:
         with restoring_attention(model):
             model.eval()

@@ -150,7 +150,7 @@ def judge_stories(
         judge: a callable ``prompt -> reply``: an API client of a strong grader (GPT-4o in the document), or
             :func:`local_model_judge` around a local causal LM (a stand-in judge, e.g. SmolLM2-135M-Instruct).
         beginnings: the story openings the model continued, one per story (``None``: grade whole stories).
-        progress: show a tqdm bar.
+        progress: show progress (a bar at a terminal, plain lines in a log file).
 
     Returns one dict per story: ``story``, ``prompt``, ``reply`` (raw, always kept), the four scores
     (float or ``None``, see :func:`parse_scores`) and ``parsed`` (all four present).
@@ -164,10 +164,11 @@ def judge_stories(
         raise ValueError(f"judge must be a callable prompt -> reply, got {type(judge).__name__}")
     if beginnings is not None and len(beginnings) != len(stories):
         raise ValueError(f"beginnings must hold one opening per story ({len(stories)}), got {len(beginnings)}")
-    from tqdm.auto import tqdm
+    from ..progress import progress_bar
 
     results = []
-    for index, story in enumerate(tqdm(stories, desc="judge", disable=not progress, dynamic_ncols=True)):
+    bar = progress_bar(len(stories), "judge", progress)
+    for index, story in enumerate(stories):
         prompt = judge_prompt(story, None if beginnings is None else beginnings[index])
         reply = judge(prompt)
         if not isinstance(reply, str):
@@ -175,6 +176,8 @@ def judge_stories(
         scores = parse_scores(reply)
         parsed = all(score is not None for score in scores.values())
         results.append({"story": story, "prompt": prompt, "reply": reply, **scores, "parsed": parsed})
+        bar.update(1)
+    bar.close()
     return results
 
 
