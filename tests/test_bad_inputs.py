@@ -794,6 +794,11 @@ def cli(row_id: str, argv: str, words: list[str], *, usage: bool = False):
 
 CLI_ROWS = [
     # train: YAML configs, training arguments, paths
+    cli(
+        "train-flags-spelled-as-flags",
+        "train --output_dir {tmp}/r --max_steps 3 --resume_from_checkpoint latest --overwrite_output_dir",
+        ["--overwrite_output_dir with --resume_from_checkpoint latest"],
+    ),
     cli("train-full-run-on-cpu", "train --output_dir {tmp}/full", ["--max_steps", "500,001", "--config", "GPU"]),
     cli("train-config-missing", "train --config {tmp}/missing.yaml", ["--config", "missing.yaml", "no such file"]),
     cli("train-config-directory", "train --config {tmp}/empty", ["--config", "must be a file", "empty"]),

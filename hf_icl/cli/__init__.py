@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 
 from ..deprecation import moved
-from .checks import CLIError, allocation_error, one_line
+from .checks import CLIError, allocation_error, flag_spelling, one_line
 from .icl_commands import run_train
 from .parser import build_parser
 
@@ -58,12 +58,12 @@ def main(argv=None) -> int:
         args = build_parser().parse_args(argv)
         return args.run(args)
     except (ValueError, OSError) as err:  # user errors (bad values, missing files, no Hub): one line, no traceback
-        print(f"hf-icl {command}: error: {one_line(err)}", file=sys.stderr)
+        print(f"hf-icl {command}: error: {_spelled(command, one_line(err))}", file=sys.stderr)
         return 2
     # a diverged run names the checkpoint to resume from: one line too (the class, looked up only when an error
     # propagates, exists once training was imported; () matches nothing)
     except getattr(sys.modules.get("hf_icl.training.resume"), "TrainingDivergedError", ()) as err:
-        print(f"hf-icl {command}: error: {one_line(err)}", file=sys.stderr)
+        print(f"hf-icl {command}: error: {_spelled(command, one_line(err))}", file=sys.stderr)
         return 2
     except (RuntimeError, MemoryError) as err:  # an absurd size: torch's allocation failure, as one line
         failure = allocation_error(err, argv)
@@ -71,6 +71,16 @@ def main(argv=None) -> int:
             raise
         print(f"hf-icl {command}: error: {one_line(failure)}", file=sys.stderr)
         return 2
+
+
+def _spelled(command: str | None, message: str) -> str:
+    """A training refusal as the command line spells it: the trainer words its errors for Python
+    (``overwrite_output_dir=True``), the user of ``hf-icl train`` typed flags (``--overwrite_output_dir``)."""
+    if command != "train":
+        return message
+    from ..training import ICLTrainingArguments
+
+    return flag_spelling(message, ICLTrainingArguments.__dataclass_fields__)
 
 
 __getattr__ = moved(__name__, MOVED)

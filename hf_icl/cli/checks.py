@@ -161,3 +161,27 @@ def _numeric(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def flag_spelling(message: str, fields) -> str:
+    """``name=value`` of a training argument in ``message`` as its flag: ``--name`` for ``True``, ``--name value``
+    otherwise (quotes dropped, kept where the value needs them in a shell).
+
+    >>> flag_spelling("overwrite_output_dir=True with resume_from_checkpoint='latest'", ["overwrite_output_dir",
+    ...     "resume_from_checkpoint"])
+    '--overwrite_output_dir with --resume_from_checkpoint latest'
+    """
+    import re
+    import shlex
+
+    names = "|".join(sorted(map(re.escape, fields), key=len, reverse=True))
+
+    def flag(match: re.Match) -> str:
+        name, value = match.group(1), match.group(2)
+        if value == "True":
+            return f"--{name}"
+        if value[:1] in "'\"" and value[-1:] == value[:1]:
+            value = shlex.quote(value[1:-1])
+        return f"--{name} {value}"
+
+    return re.sub(rf"(?<![\w-])({names})=('[^']*'|\"[^\"]*\"|[^\s,;:)]+)", flag, message)
