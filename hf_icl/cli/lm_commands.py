@@ -121,6 +121,24 @@ def _use_chat_template(choice: str, tokenizer) -> bool:
     return has_template if choice == "auto" else choice == "on"
 
 
+#: the longest default NIAH prompt (a longer one is a choice: --lengths)
+LONGEST_DEFAULT_LENGTH = 4096
+#: tokens kept free after the prompt for the answer
+ANSWER_ROOM = 16
+
+
+def default_niah_lengths(max_positions: int | None) -> list[int]:
+    """A quarter, half and all of the longest power of two that leaves :data:`ANSWER_ROOM` tokens of the model's
+    positions, at most :data:`LONGEST_DEFAULT_LENGTH`.
+
+    >>> default_niah_lengths(8192), default_niah_lengths(1040), default_niah_lengths(None)
+    ([1024, 2048, 4096], [256, 512, 1024], [1024, 2048, 4096])
+    """
+    room = LONGEST_DEFAULT_LENGTH if max_positions is None else min(max_positions - ANSWER_ROOM, LONGEST_DEFAULT_LENGTH)
+    top = 1 << max(room, 1).bit_length() - 1
+    return [top // 4, top // 2, top]
+
+
 def run_niah_command(args) -> int:
     from ..data.niah import BUILTIN_HAYSTACKS, NeedleInAHaystackConfig
     from ..evaluation.niah import niah_methods, run_niah
@@ -144,7 +162,7 @@ def run_niah_command(args) -> int:
     tokenizer = _causal_lm_tokenizer(args, source, gguf)
     chat_template = _use_chat_template(args.chat_template, tokenizer)
     grid = {
-        "context_lengths": args.lengths,
+        "context_lengths": args.lengths or default_niah_lengths(getattr(config, "max_position_embeddings", None)),
         "depths": args.depths,
         "samples_per_cell": args.samples,
         "haystack": args.haystack,

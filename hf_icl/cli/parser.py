@@ -8,6 +8,7 @@ import json
 from hf_icl_cli.commands import COMMANDS, DESCRIPTION
 
 from .. import __version__
+from ..attention.cab_params import CABParams
 from ..data.tasks import TASK_REGISTRY
 from ..options import OptionParser
 from .checks import help_formatter
@@ -22,6 +23,9 @@ from .icl_commands import (
     run_tasks,
 )
 from .lm_commands import run_niah_command, run_perplexity_command
+
+#: the block size every command defaults to: enable_cab's
+DEFAULT_BLOCK_SIZE = CABParams.__dataclass_fields__["block_size"].default
 
 
 def _json_dict(text: str) -> dict:
@@ -276,13 +280,17 @@ def _add_niah_parser(commands) -> None:
         help="text that opens the answer after the prompt, e.g. 'The pass key is' with a chat template",
     )
     niah.add_argument(
-        "--lengths", type=_csv(int, "integers"), default="1024,2048,4096", help="comma-separated context lengths"
+        "--lengths",
+        type=_csv(int, "integers"),
+        default=None,
+        help="comma-separated context lengths (default: a quarter, half and all of the longest power of two that fits "
+        "the model's positions, at most 4096: 1024,2048,4096 for a long-context model)"
     )
     niah.add_argument(
         "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
     )
     niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
-    _add_cab_arguments(niah, block_size=16)
+    _add_cab_arguments(niah, block_size=DEFAULT_BLOCK_SIZE)
     niah.add_argument(
         "--haystack", default="filler", help="'filler', 'passkey' (the passkey test's five sentences) or a text file"
     )
@@ -339,7 +347,7 @@ def _add_perplexity_parser(commands) -> None:
         help="tokens per window, comma-separated for several (e.g. 4096,8192); every text runs at every length",
     )
     ppl.add_argument("--windows", type=int, default=1, help="consecutive non-overlapping windows")
-    _add_cab_arguments(ppl, block_size=64)
+    _add_cab_arguments(ppl, block_size=DEFAULT_BLOCK_SIZE)
     ppl.add_argument("--output-dir", default="outputs/perplexity", help="results.json and results.md")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")
     ppl.set_defaults(run=run_perplexity_command)

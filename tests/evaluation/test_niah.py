@@ -778,7 +778,7 @@ def test_cli_reads_a_gguf_checkpoint_with_its_chat_template(gguf_dir, tmp_path, 
     out = tmp_path / "niah"
     argv = ["niah", "--model", str(directory), "--gguf-file", "tiny.gguf", "--lengths", "96", "--depths", "0,1"]
     argv += ["--samples", "1", "--policies", "streaming", "--sparsities", "0.5", "--device", "cpu"]
-    argv += ["--dtype", "float32", "--output-dir", str(out), "--no-progress"]
+    argv += ["--dtype", "float32", "--output-dir", str(out), "--no-progress", "--block-size", "16"]
     assert main(argv) == 0
     lines = (out / "results.jsonl").read_text().splitlines()
     header = json.loads(lines[0])["niah_header"]
@@ -829,6 +829,7 @@ def test_cli_passes_topk_and_score_to_the_config(tokenizer, tmp_path, monkeypatc
     argv = ["niah", "--model", str(saved), "--lengths", "96", "--depths", "0.5", "--samples", "1"]
     argv += ["--policies", "magnitude", "--sparsities", "0.5", "--budget", "topk", "--topk", "2", "--score", "mean"]
     argv += ["--device", "cpu", "--output-dir", str(out), "--no-progress", "--chat-template", "off"]
+    argv += ["--block-size", "16"]
     assert main(argv) == 0
     header = json.loads((out / "results.jsonl").read_text().splitlines()[0])["niah_header"]
     assert header["budget"] == "topk" and (header["cab"]["topk"], header["cab"]["score"]) == (2, "mean")
