@@ -284,7 +284,7 @@ def _add_niah_parser(commands) -> None:
         type=_csv(int, "integers"),
         default=None,
         help="comma-separated context lengths (default: a quarter, half and all of the longest power of two that fits "
-        "the model's positions, at most 4096: 1024,2048,4096 for a long-context model)"
+        "the model's positions, at most 4096: 1024,2048,4096 for a long-context model)",
     )
     niah.add_argument(
         "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"

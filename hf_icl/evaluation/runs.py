@@ -65,6 +65,7 @@ from typing import Any
 
 import torch
 
+from ..files import apply_umask
 from .context_scaling import ContextScalingResult
 from .metrics import ACCURACY, SQUARED_ERROR, PositionMetric
 
@@ -210,6 +211,7 @@ def write_atomically(path: Path, text: str) -> None:
     try:
         with os.fdopen(handle, "w") as stream:
             stream.write(text)
+        apply_umask(temporary)  # mkstemp's file is private (0600); the result is an ordinary file of the user's
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

@@ -38,6 +38,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
+from ..files import apply_umask
 from ..modeling.model_folder import first_non_finite_weight
 from .manifest import CheckpointError, write_manifest
 from .run_files import SEED_DIR_PREFIX
@@ -240,6 +241,7 @@ def write_state(directory: Path, name: str, state: Any) -> None:
     encoded = encode_state(state, tensors)
     if tensors:
         save_file(tensors, str(directory / f"{name}.safetensors"), metadata={"format": "pt"})
+        apply_umask(directory / f"{name}.safetensors")  # safetensors writes a private (0600) file
     (directory / f"{name}.json").write_text(json.dumps(encoded))
 
 
@@ -415,6 +417,7 @@ def write_checkpoint_part(
         folder.mkdir(parents=True)
         with quiet_progress():
             accelerator.unwrap_model(model).save_pretrained(folder, state_dict=state_dict)
+        apply_umask(folder)
         write_state(folder, OPTIMIZER, optimizer.state_dict())
         write_state(folder, SCHEDULER, scheduler.state_dict())
         if accelerator.scaler is not None:

@@ -48,6 +48,7 @@ import torch
 from accelerate.utils import set_seed
 from torch.func import functional_call, grad_and_value, stack_module_state, vmap
 
+from ..files import apply_umask
 from ..modeling import build_model
 from ..modeling.model_folder import write_model_manifest
 from ..validation import check_float
@@ -153,6 +154,7 @@ def save_seed_models(directory: str | Path, seeds: Sequence[int], models: Sequen
         for seed, model in zip(seeds, models, strict=True):
             folder = Path(directory) / f"seed{seed}"
             model.save_pretrained(folder)
+            apply_umask(folder)
             write_model_manifest(folder)
             folders.append(folder)
     return folders

@@ -32,6 +32,7 @@ from ..evaluation.baselines import default_baselines
 from ..evaluation.metrics import metric_for_task
 from ..evaluation.predictors import evaluation_mode, output_tensor
 from ..evaluation.runs import evaluation_entry, write_curve_csv, write_metrics
+from ..files import apply_umask
 from ..modeling import build_model
 from ..modeling.model_folder import write_model_manifest
 from . import console
@@ -299,6 +300,7 @@ class ICLTrainer(ResumeRules):
         if accelerator.is_main_process:
             with nullcontext() if interactive else quiet_progress():  # no one-tick bar in a log file
                 model.save_pretrained(self.output_dir)
+            apply_umask(self.output_dir)  # transformers writes the weights through a private (0600) temporary file
             (self.output_dir / TRAINING_ARGS_FILE).write_text(json.dumps(args.to_dict(), indent=2))
             write_model_manifest(self.output_dir)  # the sha256 of the model files (not of card or plots)
             scaling = self.context_scaling()

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch.func import functional_call, grad_and_value, vmap
 
 from ...data.episodes import digit_features, sample_episodes
+from ...files import apply_umask
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
 from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
 from ...validation import check_float, check_int
@@ -255,6 +256,7 @@ def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs
         run_dir = runs_dir / stream.name / spec.name
         trainer.save(run_dir)
         save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
+        apply_umask(run_dir / "losses.safetensors")
         (run_dir / "spec.json").write_text(json.dumps(training_spec(scale, stream, spec), indent=1))  # marks it done
 
 

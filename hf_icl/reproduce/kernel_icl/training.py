@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from ...data.tasks import get_task
+from ...files import apply_umask
 from ...training.checkpoints import quiet_progress
 from ...training.seed_ensemble import SeedEnsemble
 from ..report import log, read_run_json, read_run_tensors, usable_cores
@@ -70,6 +71,7 @@ def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_
         run_dir = runs_dir / group.name
         ensemble.save(run_dir)
         save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
+        apply_umask(run_dir / "losses.safetensors")
         # written last: marks the group finished
         (run_dir / "spec.json").write_text(json.dumps(training.spec(scale, group), indent=1))
 

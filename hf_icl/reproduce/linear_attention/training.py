@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ...files import apply_umask
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
 from ..report import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
 from ..workers import worker_pool
@@ -110,6 +111,7 @@ class GroupResult:
     def save(self, run_dir: Path) -> None:
         run_dir.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in self.errors.items()}, run_dir / ERRORS_FILE)  # no pickle
+        apply_umask(run_dir / ERRORS_FILE)
         record = {
             "spec": self.spec.to_dict(),
             "steps": self.steps,
