@@ -250,7 +250,7 @@ def test_readme_first_screen_loads_a_zoo_model_and_plots_it_against_least_square
     assert first_section.startswith("A trained model against least squares")
     (code,) = python_blocks(first_section)
     namespace = run_snippet(code, tmp_path)
-    assert (tmp_path / "gpt2_vs_least_squares.png").stat().st_size > 10_000
+    assert (tmp_path / "outputs" / "gpt2_vs_least_squares.png").stat().st_size > 10_000
     result = namespace["result"]
     assert set(result.values) >= {"gpt2_icl", "least_squares"}
     # least squares is exact once the prompt holds d examples; the model is scored on the same prompts
