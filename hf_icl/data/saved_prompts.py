@@ -91,23 +91,45 @@ class SavedPrompts:
 
     def check_matches(self, family_spec: dict[str, Any], n_points: int) -> None:
         """Raise unless these prompts are of ``family_spec`` (pool aside) and at least ``n_points`` long."""
-        if n_points > self.n_points:
-            raise ValueError(f"n_points={n_points} is more than the {self.n_points} examples per prompt of {self.path}")
-        if self.family_spec is None:
-            raise ValueError(
-                f"train_dataset={str(self.path)!r} does not record its task family (it was not written by ICLTasks), "
-                "so its prompts cannot be checked against the task"
-            )
-        ignored = ("n_tasks", "pool_seed")
-        saved = {k: v for k, v in self.family_spec.items() if k not in ignored}
-        wanted = {k: v for k, v in json.loads(json.dumps(family_spec)).items() if k not in ignored}
-        differing = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
-        if differing:
-            listed = ", ".join(f"{k}: dataset {saved.get(k)!r} vs arguments {wanted.get(k)!r}" for k in differing)
-            raise ValueError(
-                f"train_dataset={str(self.path)!r} holds prompts of another task than the training arguments "
-                f"describe ({listed}); set task, task_params and n_dims to the dataset's"
-            )
+        check_prompts_match(self.path, self.family_spec, self.n_points, family_spec, n_points)
+
+
+def check_prompts_match(
+    path: Path, saved_spec: dict[str, Any] | None, saved_points: int, family_spec: dict[str, Any], n_points: int
+) -> None:
+    """Raise unless prompts saved at ``path`` (their family ``saved_spec``, ``saved_points`` long) are of
+    ``family_spec`` (pool aside) and at least ``n_points`` long."""
+    if n_points > saved_points:
+        raise ValueError(f"n_points={n_points} is more than the {saved_points} examples per prompt of {path}")
+    if saved_spec is None:
+        raise ValueError(
+            f"train_dataset={str(path)!r} does not record its task family (it was not written by ICLTasks), "
+            "so its prompts cannot be checked against the task"
+        )
+    ignored = ("n_tasks", "pool_seed")
+    saved = {k: v for k, v in saved_spec.items() if k not in ignored}
+    wanted = {k: v for k, v in json.loads(json.dumps(family_spec)).items() if k not in ignored}
+    differing = sorted(k for k in set(saved) | set(wanted) if saved.get(k) != wanted.get(k))
+    if differing:
+        listed = ", ".join(f"{k}: dataset {saved.get(k)!r} vs arguments {wanted.get(k)!r}" for k in differing)
+        raise ValueError(
+            f"train_dataset={str(path)!r} holds prompts of another task than the training arguments "
+            f"describe ({listed}); set task, task_params and n_dims to the dataset's"
+        )
+
+
+def check_saved_dataset_early(path: str | Path, split: str, family_spec: dict[str, Any], n_points: int) -> None:
+    """:func:`check_prompts_match` from the dataset's JSON metadata alone (its ``dataset_info.json``: the family in
+    the description, the prompt length in the ``xs`` feature), before ``datasets`` is imported or any prompt read;
+    metadata it cannot read is left to :class:`SavedPrompts`, which loads the prompts."""
+    path = Path(path).expanduser()
+    info = next((c for c in (path / split / "dataset_info.json", path / "dataset_info.json") if c.is_file()), None)
+    try:
+        meta = json.loads(info.read_text()) if info is not None else None
+        points = int(meta["features"]["xs"]["shape"][0])
+    except (OSError, ValueError, KeyError, TypeError, IndexError):
+        return
+    check_prompts_match(path, _family_spec(meta.get("description") or ""), points, family_spec, n_points)
 
 
 def _family_spec(description: str) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from accelerate.utils import DistributedType, set_seed
 from tqdm.auto import tqdm
 from transformers import get_scheduler
 
-from ..data.saved_prompts import SavedPrompts
+from ..data.saved_prompts import SavedPrompts, check_saved_dataset_early
 from ..data.tasks import TaskFamily, make_task
 from ..evaluation import ContextScalingResult, evaluate_context_scaling
 from ..evaluation.baselines import default_baselines
@@ -121,6 +121,10 @@ class ICLTrainer(ResumeRules):
                 "hf_icl.training.SeedStackTrainer (hf_icl.training.train picks the trainer)"
             )
         check_environment(args)
+        if args.train_dataset is not None:  # a dataset of another task or too short: refused before any work
+            check_saved_dataset_early(
+                args.train_dataset, args.train_dataset_split, build_task(args).to_dict(), args.n_points
+            )
         self.args = self.run_args = args  # run_args: whose command line restarts the run (the stack's, for a seed)
         self.output_dir = self.checkpoint_root = Path(args.output_dir)
         self.seed_note = ""  # " (seed S)" for one seed of a stack: errors name the seed

@@ -132,6 +132,30 @@ def test_a_saved_dataset_of_another_task_is_refused_before_training(tmp_path):
         tiny_args(tmp_path / "run", train_dataset=str(data), curriculum_dims_start=2)
 
 
+def test_a_mismatched_saved_dataset_is_refused_from_its_metadata_before_any_work(tmp_path):
+    """The prompt length and the task are read from the dataset's JSON metadata: `hf-icl train` refuses a mismatch
+    before importing `datasets` or reading a prompt (it took 18 s of CPU before)."""
+    import subprocess
+    import sys
+
+    from hf_icl.data.saved_prompts import check_saved_dataset_early
+
+    data = _saved_dataset(tmp_path)
+    family = {"name": "linear_regression", "n_dims": 3, "inputs": {"name": "gaussian", "scale": 1.0}}
+    family.update({"n_tasks": None, "pool_seed": 0, "weight_prior": "standard", "scale": 1.0})
+    check_saved_dataset_early(data, "train", family, 6)  # the dataset's own task and length: accepted
+    code = (
+        "import sys\n"
+        "from hf_icl.cli import main\n"
+        f"code = main(['train', '--output_dir', {str(tmp_path / 'run')!r}, '--model_size', 'tiny', '--max_steps', '3',"
+        f" '--n_dims', '3', '--n_points', '8', '--train_dataset', {str(data)!r}])\n"
+        "print(code, 'datasets' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["2", "False"], result.stdout + result.stderr  # datasets never imported
+    assert "--n_points 8 is more than the 6 examples" in result.stderr
+
+
 @pytest.fixture
 def fake_hub(monkeypatch):
     return install_fake_hub(monkeypatch)
