@@ -199,3 +199,8 @@ def did_you_mean(value: Any, candidates: Iterable[str], n: int = 2) -> str:
     """
     close = difflib.get_close_matches(str(value), list(candidates), n=n, cutoff=0.6)
     return f"did you mean {' or '.join(map(repr, close))}?" if close else ""
+
+
+def one_line(err: BaseException) -> str:
+    """An error's message on one line (a command prints exactly one line per error); its class name if it has none."""
+    return " ".join(str(err).split()) or type(err).__name__

@@ -1,6 +1,6 @@
 """Shared helpers of the Triton kernel tests (forward, backward, split-K decode): device, skip marker, random inputs.
 
-Imported as ``from kernel_helpers import ...`` (pytest's default ``prepend`` import mode puts ``tests/`` on the path).
+Imported as ``from kernel_helpers import ...`` from any folder of tests/ (``pythonpath = ["tests"]`` in pyproject.toml).
 """
 
 from __future__ import annotations

@@ -414,11 +414,11 @@ _WARNED_SHORT: dict[int, weakref.ref] = {}
 def _warn_if_short(config, params: CABParams, n_k: int) -> None:
     """Say once per model that a prefill ran dense only because it is shorter than ``cab_min_seq_len`` (a user who
     asked for sparsity would otherwise see logits identical to dense attention and no word why)."""
-    if n_k > params.min_seq_len or runs_dense(replace(params, min_seq_len=0), n_k, n_k):
+    if n_k > params.min_seq_len:
         return
     seen = _WARNED_SHORT.get(id(config))
-    if seen is not None and seen() is config:
-        return
+    if (seen is not None and seen() is config) or runs_dense(replace(params, min_seq_len=0), n_k, n_k):
+        return  # told already (every later layer and call lands here first), or dense by its budget anyway
     _WARNED_SHORT[id(config)] = weakref.ref(config)
     warnings.warn(
         f"CAB ran dense attention: the prompt has {n_k} tokens, at most cab_min_seq_len={params.min_seq_len} "

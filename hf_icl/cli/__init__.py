@@ -13,7 +13,8 @@ from __future__ import annotations
 import sys
 
 from ..deprecation import moved
-from .checks import CLIError, allocation_error, flag_spelling, one_line
+from ..validation import one_line
+from .checks import CLIError, allocation_error, flag_spelling
 from .icl_commands import run_train
 from .parser import build_parser
 

@@ -8,7 +8,7 @@ import argparse
 import os
 from pathlib import Path
 
-from ..validation import check_int
+from ..validation import check_int, one_line
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -123,11 +123,6 @@ def load_config(flag: str, name: str, source: str, **kwargs):
             f"{flag} {name!r}: could not load it from the Hugging Face Hub ({one_line(err)}); "
             "if you are offline, pass the local path of a saved model"
         ) from None
-
-
-def one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split())
-    return text or type(err).__name__
 
 
 def check_estimator_names(names: list[str] | None) -> None:

@@ -22,6 +22,8 @@ import re
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from ..validation import one_line
+
 MANIFEST_FILE = "manifest.json"
 FORMAT_NAME = "hf_icl-checkpoint"
 FORMAT_VERSION = 1
@@ -185,8 +187,3 @@ def reject_json_constant(token: str) -> float:
     if token in ("NaN", "Infinity", "-Infinity"):
         raise ValueError(f"{token} is not allowed")
     return math.nan  # pragma: no cover - json only passes the three tokens above
-
-
-def one_line(err: BaseException) -> str:
-    """An error message on one line (a CLI prints exactly one line per error)."""
-    return " ".join(str(err).split()) or type(err).__name__

@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 
+from ..validation import one_line
 from .manifest import (
     FORMAT_NAME,
     MANIFEST_FILE,
@@ -40,7 +41,6 @@ from .manifest import (
     file_entry,
     is_inner_path,
     load_manifest_json,
-    one_line,
     reject_json_constant,
     verify_listed_files,
 )

@@ -25,6 +25,7 @@ import torch
 
 from ..training import ICLTrainingArguments, train
 from ..training.trainer import TRAINING_ARGS_FILE
+from ..validation import one_line
 
 #: the three verdicts a results doc may give a claim
 VERDICTS = ("holds", "does not hold", "not testable at this size")
@@ -89,7 +90,7 @@ def read_run_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path))
     except (OSError, SafetensorError, ValueError) as err:
-        reason = " ".join(str(err).split())
+        reason = one_line(err)
         raise DamagedRunError(f"cached run file {path} cannot be read ({reason}); rerun with --retrain") from None
 
 

@@ -25,6 +25,7 @@ from huggingface_hub.utils import validate_repo_id
 
 from ..modeling.manifest import MANIFEST_FILE
 from ..modeling.model_folder import verify_model_folder
+from ..validation import one_line
 from .checkpoints import CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE
 from .model_card import CARD_FILE, set_card_model_id
 
@@ -94,7 +95,7 @@ def check_hub_access(repo_id: str, token: str | None = None, *, api: Any = None)
     try:
         identity = api.whoami()
     except Exception as err:  # a network error or a refused token: both end the push before training
-        cause = f"{type(err).__name__}: {_one_line(err)}"
+        cause = f"{type(err).__name__}: {one_line(err)}"
         if _is_network_error(err):
             raise HubAccessError(
                 f"cannot push to {repo_id!r}: the Hugging Face Hub ({constants.ENDPOINT}) cannot be reached ({cause}); "
@@ -170,7 +171,7 @@ def default_repo_name(output_dir: str | Path) -> str:
     except ValueError as err:
         raise ValueError(
             f"output_dir {str(output_dir)!r} has the folder name {name!r}, which is not a valid Hub repo name "
-            f"({_one_line(err)}); pass hub_model_id"
+            f"({one_line(err)}); pass hub_model_id"
         ) from None
     return name
 
@@ -183,7 +184,7 @@ def check_repo_id(repo_id: Any) -> str:
         validate_repo_id(repo_id)
     except ValueError as err:
         raise ValueError(
-            f"repo_id {repo_id!r} is not a valid Hub repo id ({_one_line(err)}); use 'name' or 'namespace/name' "
+            f"repo_id {repo_id!r} is not a valid Hub repo id ({one_line(err)}); use 'name' or 'namespace/name' "
             "with letters, digits, '-', '_' and '.'"
         ) from None
     return repo_id
@@ -225,7 +226,7 @@ def hub_unreachable(timeout: float = 3.0) -> str | None:
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as err:
-        return f"{host}:{port}: {_one_line(err)}"
+        return f"{host}:{port}: {one_line(err)}"
     return None
 
 
@@ -235,7 +236,3 @@ def _is_network_error(err: BaseException) -> bool:
     names = {cls.__name__ for cls in type(err).__mro__}
     transport = {"ConnectError", "ConnectTimeout", "NetworkError", "TransportError", "TimeoutException", "Timeout"}
     return isinstance(err, (ConnectionError, TimeoutError, OSError)) or bool(names & transport)
-
-
-def _one_line(err: BaseException) -> str:
-    return " ".join(str(err).split()) or type(err).__name__

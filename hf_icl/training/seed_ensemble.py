@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import math
+from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def save_seed_models(directory: str | Path, seeds: Sequence[int], models: Sequen
     return folders
 
 
-class StackedSeeds:
+class StackedSeeds(ABC):
     """What every seed-stacked model shares (:class:`SeedEnsemble`, and gd-icl's constructed models): the checked
     step (:func:`stacked_optimizer_step`) and the manifested save (:func:`save_seed_models`).
 
@@ -179,14 +180,14 @@ class StackedSeeds:
     def size(self) -> int:
         return len(self.seeds)
 
+    @abstractmethod
     def gradients(self, xs: torch.Tensor, ys: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         """Every seed's gradient of its training loss on its own batch (``{name: (S, ...)}``) and the ``(S,)``
         losses."""
-        raise NotImplementedError
 
+    @abstractmethod
     def models(self) -> list[torch.nn.Module]:
         """One ordinary model per seed holding that seed's current weights."""
-        raise NotImplementedError
 
     def step(self, xs: torch.Tensor, ys: torch.Tensor) -> torch.Tensor:
         """One Adam step of every seed on its own batch ``xs (S, B, N, d)``, ``ys (S, B, N)``; returns the ``(S,)``

@@ -10,6 +10,7 @@ import warnings
 
 import pytest
 import torch
+from kernel_helpers import needs_triton
 from tiny_models import tiny_gpt2, tiny_llama
 
 import hf_icl.attention as attention
@@ -143,15 +144,11 @@ def test_a_counter_that_saw_nothing_says_so():
         SelectionCounter().achieved_sparsity()
 
 
+@needs_triton
 @pytest.mark.parametrize("padded", [False, True])
 def test_the_kernel_routes_report_their_block_lists_as_the_same_selection(padded):
     """``cab_backend="triton"`` (the interpreter on CPU): the prefill's and a decode step's block lists, turned into
     the bool selection the observer gets, equal the public per-token selection."""
-    pytest.importorskip("triton")
-    import os
-
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        pytest.skip("the Triton kernels run on CPU only under TRITON_INTERPRET=1")
     model = enable_cab(tiny_gpt2(64), sparsity=0.5, block_size=BS, min_seq_len=0, backend="triton", policy="magnitude")
     ids = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(2))
     mask = torch.ones_like(ids)
