@@ -3,7 +3,9 @@
 ``hf-icl --help``, ``hf-icl --version`` and ``hf-icl COMMAND --help`` are answered here, without importing torch,
 transformers or ``hf_icl`` itself (whose import registers every model with transformers' Auto classes and takes
 seconds): a command's help is served from ``help_texts.json``, rendered from the live parsers by
-:mod:`hf_icl.cli.help_texts` (a test keeps it equal to them). Every other call is handed to
+:mod:`hf_icl.cli.help_texts` (a test keeps it equal to them). A command line is then checked against the flags
+written down in ``arguments.json`` (:mod:`.early_checks`), so a bad flag or value is refused before torch is
+imported. Every other call is handed to
 :func:`hf_icl.cli.main`, imported inside :func:`main` only (``hf_icl.cli`` imports :mod:`hf_icl_cli.commands`, so a
 module-level import here would be a cycle).
 """
@@ -15,8 +17,9 @@ import sys
 from importlib import metadata
 
 from .commands import COMMANDS, DESCRIPTION
+from .early_checks import check_command_line
 
-__all__ = ["COMMANDS", "DESCRIPTION", "command_help", "front_parser", "main", "version"]
+__all__ = ["COMMANDS", "DESCRIPTION", "command_help", "front_parser", "main", "stored_help", "version"]
 
 
 def version() -> str:
@@ -56,13 +59,26 @@ def command_help(command: str) -> str | None:
         return None
 
 
+def stored_help(argv: list[str]) -> str | None:
+    """The stored help ``argv`` asks for: ``COMMAND --help``, ``bench NAME --help``, or ``reproduce PAPER [EXPERIMENT]
+    --help`` (argparse prints the command's help there); None when it asks for none or other flags come first (``train
+    --config FILE --help`` shows the file's values as defaults: the live parser answers)."""
+    if argv[-1] not in ("-h", "--help") or any(word.startswith("-") for word in argv[:-1]):
+        return None
+    words = argv[:-1]
+    if words[0] == "bench":
+        return command_help(" ".join(words))
+    return command_help(words[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if not argv or argv[0].startswith("-"):  # no command yet: --help, --version, or a usage error
         front_parser().parse_args(argv)  # prints and exits for all three
-    if len(argv) == 2 and argv[1] in ("-h", "--help") and (text := command_help(argv[0])) is not None:
+    if (text := stored_help(argv)) is not None:
         sys.stdout.write(text)
         return 0
+    check_command_line(argv)  # flags, kinds and choices, before the seconds of importing torch
     from hf_icl.cli import main as run_command
 
     return run_command(argv)

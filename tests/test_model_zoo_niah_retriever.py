@@ -1,6 +1,5 @@
 """The shipped passkey retriever (models/niah-retriever) really retrieves: fresh passkeys, greedy decoding."""
 
-
 import pytest
 from repo_paths import REPO
 from transformers import AutoModelForCausalLM, AutoTokenizer

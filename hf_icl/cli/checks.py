@@ -5,7 +5,9 @@ one line on stderr with exit status 2. Also the help formatter the command parse
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 from ..validation import check_int, one_line
@@ -18,6 +20,24 @@ class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default is None or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
+
+
+#: the width stored help texts are rendered at (argparse reads COLUMNS)
+HELP_WIDTH = 100
+
+
+@contextlib.contextmanager
+def fixed_width() -> Iterator[None]:
+    """argparse formats at :data:`HELP_WIDTH` columns inside the block, whatever the terminal."""
+    previous = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = str(HELP_WIDTH)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = previous
 
 
 def help_formatter(prog):

@@ -58,16 +58,27 @@ def _refuse_unasked_full_run(args, config: str | None, flags: list[str]) -> None
         )
 
 
-def run_train(argv: list[str]) -> int:
+def train_parser() -> argparse.ArgumentParser:
+    """``hf-icl train``'s parser: every :class:`ICLTrainingArguments` field a flag (transformers' ``HfArgumentParser``),
+    listed kebab-case first like every other command's (``--max-steps``; ``--max_steps`` is accepted as well)."""
     from transformers import HfArgumentParser
 
-    from ..training import ICLTrainingArguments, train
+    from ..training import ICLTrainingArguments
+
+    parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train", formatter_class=DefaultsFormatter)
+    parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
+    for action in parser._actions:  # usage and help show an option's first spelling
+        action.option_strings.sort(key=lambda flag: "_" in flag)
+    return parser
+
+
+def run_train(argv: list[str]) -> int:
+    from ..training import train
 
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--config", default=None)
     known, rest = pre.parse_known_args(argv)
-    parser = HfArgumentParser(ICLTrainingArguments, prog="hf-icl train", formatter_class=DefaultsFormatter)
-    parser.add_argument("--config", default=None, help="YAML file of training arguments; flags override it")
+    parser = train_parser()
     if known.config is not None:
         parser.set_defaults(**_training_yaml(known.config).to_dict())
     args = parser.parse_args_into_dataclasses(rest)[0]  # [1]: the namespace holding --config
@@ -112,6 +123,7 @@ def run_evaluate(args) -> int:
 
     from ..data.tasks import make_task
     from ..evaluation import evaluate_context_scaling, ood_task
+    from ..evaluation.runs import METRICS_FILE, evaluated_model, record_evaluated_model
     from ..modeling import MODEL_CLASSES
     from ..modeling.model_folder import verify_model_folder
     from ..training import ICLTrainingArguments
@@ -155,8 +167,12 @@ def run_evaluate(args) -> int:
         except ValueError as err:  # a field this version does not have
             raise CLIError(f"{saved} cannot be read by this version of hf_icl ({err}); pass --task") from None
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
+    # which folder and which weights (taken before they load): read_runs ties the evaluation to its training run
+    evaluated = evaluated_model(source)
     if args.suite:
-        return _run_suite(args, source, family, output_dir, device)
+        _run_suite(args, source, family, output_dir, device)
+        record_evaluated_model(output_dir / METRICS_FILE, evaluated)  # cached shifts count as this model's too
+        return 0
     if args.ood:
         family = ood_task(family, args.ood)
     predictors = _estimators(args.estimators, family)
@@ -170,6 +186,7 @@ def run_evaluate(args) -> int:
     result = evaluate_context_scaling(predictors, family, n_prompts=args.n_prompts, seed=args.seed, device=device)
     _print_context_scaling(result, family, args)
     _save_evaluation(result, args, output_dir, model.config.model_type, family)
+    record_evaluated_model(output_dir / METRICS_FILE, evaluated, [args.ood or "standard"])
     return 0
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import json
 
+from hf_icl_cli.argument_types import comma_names, comma_separated, json_object
 from hf_icl_cli.commands import COMMANDS, DESCRIPTION
 
 from .. import __version__
@@ -26,34 +26,6 @@ from .lm_commands import run_niah_command, run_perplexity_command
 
 #: the block size every command defaults to: enable_cab's
 DEFAULT_BLOCK_SIZE = CABParams.__dataclass_fields__["block_size"].default
-
-
-def _json_dict(text: str) -> dict:
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise argparse.ArgumentTypeError(f"not valid JSON ({err}): {text!r}") from None
-    if not isinstance(value, dict):
-        raise argparse.ArgumentTypeError(f"expected a JSON object, got {text!r}")
-    return value
-
-
-def _names(text: str) -> list[str]:
-    """argparse type of --estimators: comma-separated names, stripped."""
-    return [item.strip() for item in text.split(",")]
-
-
-def _csv(kind, name: str):
-    """argparse type: a comma-separated list of ``kind`` values."""
-
-    def parse(text: str) -> list:
-        items = [item.strip() for item in text.split(",") if item.strip()]
-        try:
-            return [kind(item) for item in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated {name}, got {text!r}") from None
-
-    return parse
 
 
 def _add_plot_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = commands.add_parser("evaluate", help=COMMANDS["evaluate"], formatter_class=help_formatter)
     ev.add_argument("--model", required=True, help="directory written by hf-icl train (or a Hub id)")
     ev.add_argument("--task", default=None, help="task family (default: the one the model was trained on)")
-    ev.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters with --task")
+    ev.add_argument("--task-params", type=json_object, default={}, help="JSON hyperparameters with --task")
     ev.add_argument("--ood", default=None, help="distribution shift: scaled_x, scaled_y, skewed_covariance, ...")
     ev.add_argument(
         "--suite",
@@ -105,7 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ev.add_argument(
         "--estimators",
-        type=_names,
+        type=comma_names,
         default=None,
         help="comma-separated baselines (default: the task's, e.g. least_squares,averaging,knn)",
     )
@@ -128,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--task", default="noisy_linear_regression", choices=sorted(TASK_REGISTRY), help="task family", metavar="NAME"
     )
-    quick.add_argument("--task-params", type=_json_dict, default={}, help="JSON hyperparameters of the family")
+    quick.add_argument("--task-params", type=json_object, default={}, help="JSON hyperparameters of the family")
     quick.add_argument(
         "--n-dims",
         type=int,
@@ -140,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument("--seed", type=int, default=0, help="seed of the prompts")
     quick.add_argument(
         "--estimators",
-        type=_names,
+        type=comma_names,
         default=None,
         help="comma-separated (default: the task's baselines, as in hf-icl evaluate)",
     )
@@ -153,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     data = commands.add_parser("dataset", help=COMMANDS["dataset"], formatter_class=help_formatter)
     data.add_argument("--config", default="linear_regression", help="a predefined ICLTasks config name")
     data.add_argument("--family", default=None, help="override the config's task family")
-    data.add_argument("--task-params", type=_json_dict, default=None, help="JSON hyperparameters")
+    data.add_argument("--task-params", type=json_object, default=None, help="JSON hyperparameters")
     data.add_argument("--n-dims", type=int, default=None, help="input dimension (config default if unset)")
     data.add_argument("--n-points", type=int, default=None, help="examples per prompt (config default if unset)")
     data.add_argument("--n-tasks", type=int, default=None, help="finite task-pool size")
@@ -227,20 +199,20 @@ def _add_cab_arguments(parser: argparse.ArgumentParser, block_size: int) -> None
 
     parser.add_argument(
         "--policies",
-        type=_csv(str, "names"),
+        type=comma_separated(str),
         default=",".join(DEFAULT_POLICIES),
         help=f"comma-separated CAB methods, of {', '.join((*POLICIES, *SCORED_METHODS))} ('' for dense only); "
         "quest and max_l2 rank blocks by Quest's bound and by the largest-norm key",
     )
     parser.add_argument(
         "--sparsities",
-        type=_csv(float, "numbers"),
+        type=comma_separated(float),
         default=",".join(map(str, DEFAULT_SPARSITIES)),
         help="CAB sparsities in [0, 1) (each token drops that fraction of its visible blocks; '' for none)",
     )
     parser.add_argument(
         "--kept-blocks",
-        type=_csv(int, "integers"),
+        type=comma_separated(int),
         default="",
         help="CAB budgets in key blocks per query token, sink and local window included (e.g. 16: 1,024 tokens "
         "at block 64); each runs beside the --sparsities",
@@ -281,13 +253,13 @@ def _add_niah_parser(commands) -> None:
     )
     niah.add_argument(
         "--lengths",
-        type=_csv(int, "integers"),
+        type=comma_separated(int),
         default=None,
         help="comma-separated context lengths (default: a quarter, half and all of the longest power of two that fits "
         "the model's positions, at most 4096: 1024,2048,4096 for a long-context model)",
     )
     niah.add_argument(
-        "--depths", type=_csv(float, "numbers"), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
+        "--depths", type=comma_separated(float), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
     )
     niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
     _add_cab_arguments(niah, block_size=DEFAULT_BLOCK_SIZE)
@@ -342,7 +314,7 @@ def _add_perplexity_parser(commands) -> None:
     )
     ppl.add_argument(
         "--length",
-        type=_csv(int, "integers"),
+        type=comma_separated(int),
         required=True,
         help="tokens per window, comma-separated for several (e.g. 4096,8192); every text runs at every length",
     )

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 
 from .intervals import wilson_interval
@@ -303,6 +304,24 @@ def _summary_markdown(summary, confidence: float = 0.95) -> str:
 
 # -- figures -----------------------------------------------------------------------------------
 
+#: markers and line styles of the accuracy plot's methods (cycled)
+_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+_LINESTYLES = ("-", "--", "-.", ":")
+
+
+def _fit_titles(fig, titles) -> None:
+    """Wrap each title to the width it is centred over (its axes, else the figure): constrained layout makes room
+    for a title's height, never its width, so a long method label ran off the figure or into the next panel."""
+    fig.draw_without_rendering()  # places the axes, whose widths are the room
+    renderer = fig.canvas.get_renderer()
+    for title in titles:
+        room = 0.98 * (title.axes or fig).bbox.width
+        lines = title.get_text().split("\n")
+        for chars in range(max(map(len, lines)) - 1, 0, -1):
+            if title.get_window_extent(renderer).width <= room:
+                break
+            title.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
+
 
 def _heatmap(frame, label: str, path: Path) -> Path:
     from matplotlib.colors import LinearSegmentedColormap
@@ -318,10 +337,12 @@ def _heatmap(frame, label: str, path: Path) -> Path:
     width = max(grid.shape[1] for grid in grids)
     height = max(grid.shape[0] for grid in grids)
     fig, axes = new_panels(len(grids), size=(max(4.2, 1.6 + 0.9 * width) * len(grids), 1.8 + 0.5 * height))
+    # the label once across the figure, the needle setting over its own panel
+    titles = [fig.suptitle(f"Needle in a haystack: {label}")]
     cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])  # gkamradt's colours
     for ax, grid, (variant, value_kind) in zip(axes, grids, settings, strict=True):
-        title = f"Needle in a haystack\n{label}"
-        ax.set_title(title if len(grids) == 1 else f"{title}: {variant} needle, {value_kind} values")
+        if len(grids) > 1:
+            titles.append(ax.set_title(f"{variant} needle, {value_kind} values"))
         ax.grid(False)
         image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
         for i in range(grid.shape[0]):
@@ -334,12 +355,21 @@ def _heatmap(frame, label: str, path: Path) -> Path:
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth")
     fig.colorbar(image, ax=list(axes), label="exact-match accuracy")
+    _fit_titles(fig, titles)
     return save_figure(fig, path)
 
 
 def _x(row) -> float:
     """Where a row sits on the sparsity axis: its achieved sparsity, else its requested sparsity (else NaN)."""
     return row["achieved_sparsity"] if not math.isnan(row["achieved_sparsity"]) else row["sparsity"]
+
+
+def _same_points(a: tuple[list, list], b: tuple[list, list]) -> bool:
+    """Whether two series ``(x values, y values)`` are the same points (up to the rounding of their means)."""
+    return all(
+        len(u) == len(v) and all(math.isclose(p, q, rel_tol=1e-9, abs_tol=1e-12) for p, q in zip(u, v, strict=True))
+        for u, v in zip(a, b, strict=True)
+    )
 
 
 def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
@@ -350,11 +380,22 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
     columns = max(per_length.groupby(["variant", "value_kind"])["context_length"].nunique())
     fig, axes = new_panels(columns, size=(6.0 * columns, 0.6 + 4.4 * len(settings)), rows=len(settings), sharey=True)
     level = f"{100 * confidence:g}%"
-    fig.suptitle(
+    suptitle = (
         f"Retrieval exact match against achieved CAB sparsity\n(error bars and dense band: {level} Wilson intervals)"
     )
+    titles = [fig.suptitle(suptitle)]
     names = list(dict.fromkeys(per_length.loc[per_length["method"] != DENSE, "name"]))
-    colours = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    # Methods can give identical points (magnitude exactly under frc): each gets its own marker and line style,
+    # markers shrink in drawing order so a later one shows inside an earlier one, and the legend says which coincide.
+    styles = {
+        name: {
+            "color": f"C{i % 10}",
+            "marker": _MARKERS[i % len(_MARKERS)],
+            "linestyle": _LINESTYLES[i % len(_LINESTYLES)],
+            "markersize": 9 - 4 * i / max(1, len(names) - 1),
+        }
+        for i, name in enumerate(names)
+    }
     used = 0
     for r, (variant, value_kind) in enumerate(settings):
         setting = per_length[(per_length["variant"] == variant) & (per_length["value_kind"] == value_kind)]
@@ -362,22 +403,24 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
             ax = axes[r * columns + c]
             used += 1
             part = setting[setting["context_length"] == length]
+            drawn = {}  # name → its (x, y) in this panel
             for name in names:
                 points = part[(part["name"] == name) & (part["method"] != DENSE)].copy()
                 points["_x"] = [_x(row) for _, row in points.iterrows()]
                 points = points[points["_x"].notna()].sort_values("_x")
                 if points.empty:
                     continue
+                xy = (points["_x"].tolist(), points["accuracy"].tolist())
+                under = [other for other, earlier in drawn.items() if _same_points(xy, earlier)]
+                drawn[name] = xy
                 below = (points["accuracy"] - points["accuracy_low"]).tolist()
                 above = (points["accuracy_high"] - points["accuracy"]).tolist()
                 ax.errorbar(
-                    points["_x"].tolist(),
-                    points["accuracy"].tolist(),
+                    *xy,
                     yerr=[below, above],
-                    marker="o",
                     capsize=3,
-                    color=colours[name],
-                    label=name,
+                    label=f"{name} (same points as {', '.join(under)})" if under else name,
+                    **styles[name],
                 )
             dense = part[part["method"] == DENSE]
             if len(dense):
@@ -386,7 +429,7 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
                 ax.axhline(row["accuracy"], color="0.3", linestyle="--", label=f"dense (sdpa), {level} band")
             title = f"context length {length} tokens"
             many = len(settings) > 1 or (variant, value_kind) != ("single", "number")
-            ax.set_title(f"{title}\n{variant} needle, {value_kind} values" if many else title)
+            titles.append(ax.set_title(f"{title}\n{variant} needle, {value_kind} values" if many else title))
             ax.set_xlabel("achieved sparsity (share of causal token × key-block pairs dropped)")
             ax.set_ylabel("exact-match accuracy")
             ax.set_ylim(-0.03, 1.03)
@@ -395,13 +438,15 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
     for ax in axes:
         if not ax.has_data():
             ax.set_visible(False)
+    _fit_titles(fig, titles)
     return save_figure(fig, path)
 
 
 def write_niah_report(records, out_dir: str | os.PathLike, *, confidence: float = 0.95) -> dict[str, Path]:
     """Write ``summary.csv`` and ``summary.md`` (:func:`summarize_niah`), ``heatmap_<label>.png`` per method and
     ``accuracy_vs_sparsity.png`` (accuracy against achieved sparsity, one line per method name with Wilson error
-    bars, dense as a dashed line with its band, one panel per context length).
+    bars, dense as a dashed line with its band, one panel per context length; methods whose points coincide keep
+    their own marker and line style and are named as coinciding in the legend).
 
     Returns ``{file name: path}``.
     """

@@ -21,6 +21,8 @@ The ``metrics.json`` schema (format ``hf_icl.metrics/1``)::
           "normalizer": 20.0,                   # optional: the squared-error normaliser's value
           "confidence": [0.05, 0.95],           # optional: the bootstrap quantiles of lower/upper
           ...                                   # optional scalars (e.g. "evaluated_task")
+          "model_folder": "/abs/runs/tiny",     # optional (hf-icl evaluate): the model folder evaluated, resolved
+          "model_identity": "3f5a...",          # optional (hf-icl evaluate): its model_identity() at the time
           "predictors": {
             "gpt2_icl": {"mean": [...], "lower": [...], "upper": [...]},   # one value per position:
             "least_squares": {...},                                        # index i = i in-context examples
@@ -33,8 +35,9 @@ The ``metrics.json`` schema (format ``hf_icl.metrics/1``)::
 
 :func:`evaluation_entry` turns a :class:`~hf_icl.evaluation.ContextScalingResult` into one entry of
 ``"evaluations"`` and :func:`result_from_entry` turns it back (for plots and tables); :func:`write_curve_csv`
-writes one entry's curves as CSV. Files are written atomically (a temporary file, then ``os.replace``), so a
-reader never sees half a file and an interrupted writer leaves the previous version.
+writes one entry's curves as CSV. :func:`read_runs` links an evaluation that records its ``model_folder`` to
+the training run in that folder (column ``model_run``). Files are written atomically (a temporary file, then
+``os.replace``), so a reader never sees half a file and an interrupted writer leaves the previous version.
 
 Example::
 
@@ -56,6 +59,8 @@ Example::
 from __future__ import annotations
 
 import csv
+import functools
+import hashlib
 import json
 import os
 import tempfile
@@ -76,6 +81,8 @@ METRICS_FILE = "metrics.json"
 #: The columns every :func:`read_runs` row has, first and in this order.
 RUN_COLUMNS = ("run", "evaluation", "predictor", "n_examples", "value", "lower", "upper", "metric")
 CURVE_FIELDS = ("mean", "lower", "upper")
+#: The fields of an evaluation entry that say which model folder it evaluated (see :func:`evaluated_model`).
+MODEL_FOLDER, MODEL_IDENTITY = "model_folder", "model_identity"
 REQUIRED_ENTRY_FIELDS = {"metric": str, "n_prompts": int, "seed": int, "predictors": dict}
 
 
@@ -267,6 +274,47 @@ def is_flat_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (str, bool, int, float))
 
 
+def model_identity(folder: str | Path) -> str:
+    """A sha256 naming the model in ``folder`` (its config, weights, training arguments): a retrain changes it.
+
+    It hashes the table of the model files' sha256: from ``manifest.json`` when the folder has one (hf-icl train
+    writes it, so the weights are not read again; loaders refuse a folder whose files no longer match it), else
+    computed from the files. ``ModelFolderError`` (a ``ValueError``) when the folder holds no model.
+    """
+    from ..modeling.manifest import sha256_file
+    from ..modeling.model_folder import model_files, read_model_manifest
+
+    folder = Path(folder)
+    manifest = read_model_manifest(folder)
+    if manifest is not None:
+        digests = {name: listed["sha256"] for name, listed in manifest["files"].items()}
+    else:
+        digests = {name: sha256_file(folder / name) for name in model_files(folder)}
+    return hashlib.sha256(json.dumps(digests, sort_keys=True).encode()).hexdigest()
+
+
+def evaluated_model(source: str | Path) -> dict[str, str]:
+    """The entry fields naming the model an evaluation runs on: its resolved folder and :func:`model_identity`;
+    ``{}`` for a Hub id (no folder of runs holds it)."""
+    folder = Path(source)
+    if not folder.is_dir():
+        return {}
+    return {MODEL_FOLDER: str(folder.resolve()), MODEL_IDENTITY: model_identity(folder)}
+
+
+def record_evaluated_model(path: str | Path, model: Mapping[str, str], names: list[str] | None = None) -> None:
+    """Add ``model`` (:func:`evaluated_model`) to the evaluations ``names`` (default: all) of the ``metrics.json``
+    at ``path`` that record no model yet: a recorded one names the model those curves came from, so it stays."""
+    if not model:
+        return
+    document = read_metrics(path)
+    evaluations = document["evaluations"]
+    for name in evaluations if names is None else names:
+        if MODEL_FOLDER not in evaluations[name]:
+            evaluations[name].update(model)
+    write_metrics(path, evaluations, **{k: v for k, v in document.items() if k not in ("format", "evaluations")})
+
+
 def read_runs(directory: str | Path):
     """Every ``metrics.json`` under ``directory`` (recursively) as one ``pandas.DataFrame``.
 
@@ -274,6 +322,12 @@ def read_runs(directory: str | Path):
     file's folder relative to ``directory``, ``"."`` for ``directory`` itself; ``value`` is the curve's mean),
     then the flat scalars of the evaluation entry (``n_prompts``, ``seed``, ...), of the document's top level
     (``model``, ``task``, ...) and of its ``"scalars"``; a name already present keeps its first value.
+
+    ``model_run`` ties evaluations to models: a run whose folder holds a model (``config.json``, as ``hf-icl
+    train`` writes) has its own name there; an evaluation that records its ``model_folder`` (``hf-icl evaluate``)
+    has the name of the run in that folder when its model is still the one evaluated (same :func:`model_identity`),
+    ``"RUN (retrained since)"`` when it is not, and ``"FOLDER (not read)"`` when no run read is in that folder.
+    Rows are in the order of the runs' folders, each evaluation of a run read placed right after that run.
 
     Raises:
         ValueError: ``directory`` is not a directory, or a ``metrics.json`` under it is not of format
@@ -284,14 +338,20 @@ def read_runs(directory: str | Path):
     root = Path(directory)
     if not root.is_dir():
         raise ValueError(f"directory {str(directory)!r} is not a directory (expected a folder of runs)")
-    rows = []
-    for path in sorted(root.rglob(METRICS_FILE)):
+    paths = sorted(root.rglob(METRICS_FILE))
+    runs = [path.parent.relative_to(root).as_posix() for path in paths]
+    position = {run: i for i, run in enumerate(runs)}
+    run_in = {path.parent.resolve(): run for path, run in zip(paths, runs, strict=True)}
+    identity = functools.cache(current_identity)  # one hash per model folder, however many evaluations name it
+    ordered = []  # (position of the run a row sits with, whether it is another run's, position of its run, row)
+    for path, run in zip(paths, runs, strict=True):
         document = read_metrics(path)
-        run = path.parent.relative_to(root).as_posix()
+        own = run if (path.parent / "config.json").is_file() else None  # a training run: its folder holds a model
         run_fields = {k: v for k, v in document.items() if k not in ("format", "evaluations") and is_flat_scalar(v)}
         scalar_fields = {k: v for k, v in document["scalars"].items() if is_flat_scalar(v)}
         for evaluation, entry in document["evaluations"].items():
             entry_fields = {k: v for k, v in entry.items() if k != "metric" and is_flat_scalar(v)}
+            model_run, anchor = model_link(entry, run_in, identity) if MODEL_FOLDER in entry else (own, None)
             for predictor, curve in entry["predictors"].items():
                 for i, (mean, lower, upper) in enumerate(zip(*(curve[f] for f in CURVE_FIELDS), strict=True)):
                     row = dict(
@@ -301,11 +361,34 @@ def read_runs(directory: str | Path):
                             strict=True,
                         )
                     )
+                    if model_run is not None:
+                        row["model_run"] = model_run
                     for fields in (entry_fields, run_fields, scalar_fields):
                         for key, value in fields.items():
                             row.setdefault(key, value)
-                    rows.append(row)
+                    home = anchor or run
+                    ordered.append((position[home], home != run, position[run], row))
+    rows = [row for *_, row in sorted(ordered, key=lambda item: item[:3])]  # stable: curves keep their order
     if not rows:
         return pd.DataFrame(columns=list(RUN_COLUMNS))
     table = pd.DataFrame.from_records(rows)
     return table[list(RUN_COLUMNS) + [c for c in table.columns if c not in RUN_COLUMNS]]
+
+
+def current_identity(folder: Path) -> str | None:
+    """:func:`model_identity` of ``folder`` now; None when it holds no readable model any more."""
+    try:
+        return model_identity(folder)
+    except (ValueError, OSError):
+        return None
+
+
+def model_link(entry: Mapping[str, Any], run_in: Mapping[Path, str], identity) -> tuple[str, str | None]:
+    """``(model_run, the run read in its model folder or None)`` of an evaluation recording its model folder."""
+    folder = Path(entry[MODEL_FOLDER])
+    run = run_in.get(folder)
+    if run is None:
+        return f"{folder} (not read)", None
+    if identity(folder) != entry.get(MODEL_IDENTITY):
+        return f"{run} (retrained since)", run
+    return run, run

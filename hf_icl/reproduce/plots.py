@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from ..evaluation.plotting import new_axes, save_figure
+from ..evaluation.plotting import BASELINE_STYLES, new_axes, save_figure
 
 
 def plot_sweep(
@@ -20,13 +20,14 @@ def plot_sweep(
     log_y: bool = True,
     references: Mapping[str, float] | None = None,
 ) -> Path:
-    """One line per curve over ``x``; ``references`` are horizontal dashed lines (baselines)."""
+    """One line per curve over ``x``; ``references`` are horizontal lines (baselines), each named in the legend."""
     fig, ax = new_axes(title)
     for name, values in curves.items():
         ax.plot(list(x), list(values), marker="o", label=name)
-    for name, value in (references or {}).items():
-        ax.axhline(value, linestyle="--", color="0.4", linewidth=1)
-        ax.annotate(name, (ax.get_xlim()[0], value), fontsize=7, color="0.3", va="bottom")
+    # a colour after the curves' and a dash pattern each: the legend, not a grey line's position, names them
+    for j, (name, value) in enumerate((references or {}).items()):
+        style = BASELINE_STYLES[j % len(BASELINE_STYLES)]
+        ax.axhline(value, linestyle=style, color=f"C{(len(curves) + j) % 10}", linewidth=1.2, label=name)
     if log_x:
         ax.set_xscale("log")
     if log_y:

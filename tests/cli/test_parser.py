@@ -178,19 +178,37 @@ def test_every_command_help_is_served_without_torch_and_equals_the_live_parser()
     import subprocess
     import sys
 
+    from hf_icl.benchmarks import BENCHMARKS
+    from hf_icl.cli import argument_specs
     from hf_icl.cli.help_texts import HELP_FILE, render_all
     from hf_icl_cli.commands import COMMANDS
 
     stored = json.loads(HELP_FILE.read_text())
-    assert set(stored) == set(COMMANDS)
+    assert set(stored) == set(COMMANDS) | {f"bench {name}" for name in BENCHMARKS}
     stale = [command for command, text in render_all().items() if stored[command] != text]
     assert not stale, f"help_texts.json is stale for {stale}: run python -m hf_icl.cli.help_texts"
+    assert json.loads(argument_specs.ARGUMENTS_FILE.read_text()) == argument_specs.render_all(), (
+        "arguments.json is stale: run python -m hf_icl.cli.help_texts"
+    )
+    # every command, every benchmark, and reproduce with its positionals (argparse prints reproduce's help there)
+    asked = [[c, "--help"] for c in COMMANDS] + [["bench", n, "-h"] for n in BENCHMARKS] + [["reproduce", "sgpt", "-h"]]
     code = (
         "import sys, hf_icl_cli\n"
-        "for command in hf_icl_cli.COMMANDS:\n"
-        "    assert hf_icl_cli.main([command, '--help']) == 0\n"
+        f"for argv in {asked!r}:\n"
+        "    assert hf_icl_cli.main(argv) == 0\n"
         "print(sorted(m for m in ('torch', 'transformers', 'hf_icl') if m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip().splitlines()[-1] == "[]"
-    assert "usage: hf-icl train" in result.stdout and "usage: hf-icl niah" in result.stdout
+    for usage in ("hf-icl train", "hf-icl niah", "hf-icl bench cab", "hf-icl bench seeds", "hf-icl reproduce"):
+        assert f"usage: {usage}" in result.stdout
+
+
+def test_train_help_lists_kebab_case_first_like_every_other_command_and_takes_both():
+    from hf_icl.cli.icl_commands import train_parser
+
+    usage = train_parser().format_usage()
+    assert "--max-steps MAX_STEPS" in usage and "--max_steps" not in usage
+    parser = train_parser()
+    for spelling in ("--max-steps", "--max_steps"):
+        assert parser.parse_args_into_dataclasses([spelling, "7"])[0].max_steps == 7

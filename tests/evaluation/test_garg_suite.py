@@ -291,3 +291,29 @@ def test_bad_arguments_are_refused_with_the_argument_named(tmp_path):
     (foreign / "metrics.json").write_text(json.dumps({"standard": {"gpt2": {"mean": [1.0]}}}))  # Garg's own format
     with pytest.raises(ValueError, match="metrics file .*garg_run/metrics.json has format None"):
         run_garg_suite(model, family, foreign, n_prompts=4)
+
+
+def test_long_titles_wrap_inside_the_figures_and_every_line_is_in_the_legend(tmp_path, monkeypatch):
+    from hf_icl.evaluation import context_scaling
+
+    figures, save = {}, context_scaling.save_figure
+
+    def keeping(fig, path, **kwargs):  # the suite's figures, kept to look at
+        figures[path.name] = fig
+        return save(fig, path, **kwargs)
+
+    monkeypatch.setattr(context_scaling, "save_figure", keeping)
+    subset = {name: GARG_EVALUATIONS[name] for name in ("standard", "overlapping_train_test")}
+    monkeypatch.setattr("hf_icl.evaluation.garg_suite.garg_evaluations", lambda family: subset)
+    name = "gpt2_icl_trained_on_linear_regression_seed_0"
+    run_garg_suite(tiny_model(), linear_family(), tmp_path, n_prompts=8, progress=False, model_name=name)
+    assert sorted(figures) == ["garg_overlapping_train_test.png", "garg_standard.png"]
+    for file_name, fig in figures.items():
+        fig.canvas.draw()
+        (ax,) = fig.axes
+        box, frame = ax.title.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+        assert frame.x0 <= box.x0 and box.x1 <= frame.x1 and box.y1 <= frame.y1, file_name
+        assert name in "".join(ax.get_title().split())  # wrapped, nothing dropped
+        legend = [text.get_text() for text in ax.get_legend().get_texts()]
+        for line in ax.get_lines():
+            assert not line.get_label().startswith("_") and line.get_label() in legend, (file_name, line)

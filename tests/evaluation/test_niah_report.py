@@ -261,3 +261,78 @@ def test_method_name():
     assert method_name("sdpa") == "sdpa" and method_name("cab-frc@0.90") == "frc"
     assert method_name("cab-max_l2@16blocks") == "max_l2" and method_name("cab-hybrid@0.975") == "hybrid"
     assert method_name("custom", "frc") == "frc" and method_name("custom") == "custom"
+
+
+def _report_figures(records, tmp_path, monkeypatch):
+    """``write_niah_report``'s figures by file name, drawn."""
+    figures, save = {}, plotting.save_figure
+
+    def keeping(fig, path, **kwargs):
+        figures[path.name] = fig
+        return save(fig, path, **kwargs)
+
+    monkeypatch.setattr(plotting, "save_figure", keeping)
+    write_niah_report(records, tmp_path)
+    for fig in figures.values():
+        fig.canvas.draw()
+    return figures
+
+
+def _titles(fig):
+    shown = [ax.title for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    return [fig._suptitle, *shown] if fig._suptitle is not None else shown
+
+
+def _inside(fig, text) -> bool:
+    box, frame = text.get_window_extent(fig.canvas.get_renderer()), fig.bbox
+    return frame.x0 <= box.x0 and box.x1 <= frame.x1 and frame.y0 <= box.y0 and box.y1 <= frame.y1
+
+
+@pytest.mark.parametrize("settings", [[("single", "number")], [("single", "number"), ("multikey", "word")]])
+def test_long_method_labels_wrap_inside_the_heatmap_and_its_panels(tmp_path, monkeypatch, settings):
+    long = "cab-hybrid_with_a_rather_long_policy_name_from_a_sweep@0.975"
+    records = [
+        {**r, "method": long} if r["method"] == "cab-frc@0.90" else r
+        for variant, value_kind in settings
+        for r in _records(seed=9, lengths=(64,), variant=variant, value_kind=value_kind)
+    ]
+    figures = _report_figures(records, tmp_path, monkeypatch)
+    for name, fig in figures.items():
+        for title in _titles(fig):
+            assert _inside(fig, title), (name, title.get_text())
+    fig = figures[f"heatmap_{long}.png"]
+    assert "".join(fig.get_suptitle().split()) == f"Needleinahaystack:{long}"  # wrapped, nothing dropped
+    panels = [title.get_window_extent(fig.canvas.get_renderer()) for title in _titles(fig)[1:]]
+    assert len(panels) == (len(settings) if len(settings) > 1 else 0)  # each needle setting over its panel
+    assert all(left.x1 < right.x0 for left, right in zip(panels[:-1], panels[1:], strict=True))  # apart
+
+
+def _legend_texts(ax) -> list[str]:
+    return [text.get_text() for text in ax.get_legend().get_texts()]
+
+
+def test_coinciding_methods_stay_visible_and_are_named_in_the_legend(tmp_path, monkeypatch):
+    records = _records(seed=8)
+    # magnitude exactly under frc: the same hits at the same achieved sparsity
+    records += [{**r, "method": r["method"].replace("frc", "magnitude")} for r in records if "frc" in r["method"]]
+    fig = _report_figures(records, tmp_path, monkeypatch)["accuracy_vs_sparsity.png"]
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    assert len(panels) == 2
+    for ax in panels:
+        legend = _legend_texts(ax)
+        assert "magnitude (same points as frc)" in legend and "frc" in legend
+        bars = {c.get_label(): c for c in ax.containers}
+        frc, magnitude = bars["frc"].lines[0], bars["magnitude (same points as frc)"].lines[0]
+        assert list(frc.get_xdata()) == list(magnitude.get_xdata())  # plotted where they are: no offset
+        assert list(frc.get_ydata()) == list(magnitude.get_ydata())
+        assert frc.get_marker() != magnitude.get_marker() and frc.get_linestyle() != magnitude.get_linestyle()
+        assert frc.get_markersize() > magnitude.get_markersize()  # the later one shows inside the earlier one
+        styles = {(line.get_marker(), line.get_linestyle()) for line in (c.lines[0] for c in ax.containers)}
+        assert len(styles) == len(ax.containers)  # every method drawn its own way
+        # every line is a method's (its errorbar's) or dense, and the legend names it
+        in_bars = {id(line) for c in ax.containers for line in c.get_children()}
+        for line in ax.get_lines():
+            if id(line) not in in_bars:
+                assert not line.get_label().startswith("_") and line.get_label() in legend
+        assert all(c.get_label() in legend for c in ax.containers)
+    assert all(_inside(fig, title) for title in _titles(fig))

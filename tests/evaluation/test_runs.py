@@ -1,12 +1,16 @@
 """The metrics.json format (write_metrics / read_metrics / evaluation_entry / write_curve_csv) and read_runs over a
-tree of runs, checked against rows built by hand from the files' contents."""
+tree of runs, checked against rows built by hand from the files' contents; and read_runs tying an hf-icl evaluate
+output to the training run of the model it evaluated."""
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
+from training_helpers import tiny_args
 
+from hf_icl.cli import main
 from hf_icl.data.tasks import get_task
 from hf_icl.estimators import get_estimator
 from hf_icl.evaluation import (
@@ -18,7 +22,8 @@ from hf_icl.evaluation import (
     write_curve_csv,
     write_metrics,
 )
-from hf_icl.evaluation.runs import METRICS_FORMAT, RUN_COLUMNS
+from hf_icl.evaluation.runs import METRICS_FORMAT, RUN_COLUMNS, model_identity
+from hf_icl.training import train
 
 
 def entry(curves, *, metric="squared_error/d", n_prompts=10, seed=0):
@@ -186,3 +191,50 @@ def test_write_curve_csv_writes_every_predictor_and_position(tmp_path):
                    for i, m in enumerate(ms)]  # fmt: skip
     result = result_from_entry(stored)
     assert write_curve_csv(tmp_path / "from_result.csv", result).read_text() == path.read_text()
+
+
+def evaluate(model, output_dir) -> None:
+    """``hf-icl evaluate`` of a model folder, cheaply (16 prompts, one estimator)."""
+    flags = ["--n-prompts", "16", "--estimators", "least_squares", "--output-dir", str(output_dir)]
+    assert main(["evaluate", "--model", str(model), *flags]) == 0
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("models") / "tiny"
+    train(tiny_args(out, max_steps=3, save_steps=0))
+    return out
+
+
+def test_read_runs_ties_an_evaluation_to_its_training_run_until_the_model_is_retrained(tmp_path, capsys):
+    model, evaluation = tmp_path / "tiny", tmp_path / "a-eval"  # the evaluation's folder sorts first
+    train(tiny_args(model, max_steps=3, save_steps=0))
+    evaluate(model, evaluation)
+    table = read_runs(tmp_path)
+    assert table.run.unique().tolist() == ["tiny", "a-eval"]  # the evaluation sits right after its run
+    assert set(table.model_run) == {"tiny"}  # the run's own rows too: groupby("model_run") gathers them
+    assert set(table[table.run == "a-eval"].model_folder) == {str(model.resolve())}
+
+    with pytest.warns(UserWarning, match="overwrite_output_dir"):  # other weights in the same folder
+        train(tiny_args(model, max_steps=3, save_steps=0, seed=1, overwrite_output_dir=True))
+    table = read_runs(tmp_path)
+    assert set(table[table.run == "a-eval"].model_run) == {"tiny (retrained since)"}
+    assert set(table[table.run == "tiny"].model_run) == {"tiny"}
+
+    evaluate(model, evaluation)  # evaluating again records the new model
+    assert set(read_runs(tmp_path).model_run) == {"tiny"}
+
+
+def test_read_runs_says_when_an_evaluated_model_folder_was_not_read(trained, tmp_path, capsys):
+    evaluate(trained, tmp_path / "eval")
+    table = read_runs(tmp_path)
+    assert set(table.model_run) == {f"{trained.resolve()} (not read)"}
+    assert set(table.model_identity) == {model_identity(trained)}
+
+
+def test_model_identity_is_the_same_from_the_manifest_or_from_the_files(trained, tmp_path):
+    copy = shutil.copytree(trained, tmp_path / "copy")
+    (copy / "manifest.json").unlink()  # hashed from the files now
+    assert model_identity(copy) == model_identity(trained)
+    (copy / "model.safetensors").write_bytes((copy / "model.safetensors").read_bytes()[:-4] + b"\0\0\0\0")
+    assert model_identity(copy) != model_identity(trained)
