@@ -4,6 +4,7 @@ right at a terminal, megabytes of noise in a file), nothing when switched off.""
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 
 
 class PlainProgress:
@@ -39,3 +40,28 @@ def progress_bar(total: int, desc: str, enabled: bool = True):
     if enabled and not sys.stderr.isatty():
         return PlainProgress(total, desc)
     return tqdm(total=total, desc=desc, disable=not enabled, dynamic_ncols=True)
+
+
+@contextmanager
+def quiet_library_bars():
+    """No tqdm bar inside the block when stderr is not a terminal, whoever draws it: transformers (weights, GGUF
+    de-quantisation), datasets (splits, saving), huggingface_hub. Their bars redraw with carriage returns, which a log
+    file keeps as one long line of noise; at a terminal they stay. (The package's own long loops print
+    :class:`PlainProgress` lines instead, so a log still shows progress.)"""
+    if sys.stderr.isatty():
+        yield
+        return
+    from tqdm import std
+
+    original = vars(std.tqdm)["__init__"]  # as stored (tqdm wraps it in a partialmethod that reads TQDM_* variables)
+    start = std.tqdm.__init__
+
+    def silent_init(self, *args, **kwargs):
+        kwargs["disable"] = True
+        start(self, *args, **kwargs)
+
+    std.tqdm.__init__ = silent_init  # every tqdm class (auto, asyncio, the libraries' subclasses) starts here
+    try:
+        yield
+    finally:
+        std.tqdm.__init__ = original

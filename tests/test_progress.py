@@ -29,3 +29,37 @@ def test_a_log_file_gets_plain_lines_and_off_means_silent(capsys):
     quiet.close()
     err = capsys.readouterr().err
     assert "\r" not in err and "perplexity: 4/4" in err and "judge" not in err
+
+
+def test_library_bars_are_off_in_a_log_file_and_restored_after(capsys):
+    from tqdm import std
+    from tqdm.auto import tqdm
+
+    from hf_icl.progress import quiet_library_bars
+
+    original = vars(std.tqdm)["__init__"]
+    with quiet_library_bars():  # pytest's captured stderr is no terminal
+        for _ in tqdm(range(3), desc="a library's bar"):
+            pass
+    assert capsys.readouterr().err == ""
+    assert vars(std.tqdm)["__init__"] is original
+    for _ in tqdm(range(3), desc="outside", mininterval=0):
+        pass
+    assert "outside" in capsys.readouterr().err
+
+
+def test_a_command_writes_no_carriage_return_into_a_log_file(tmp_path):
+    """``hf-icl dataset`` drives datasets' split and save bars: with stderr a file they stay off."""
+    import subprocess
+    import sys
+
+    log = tmp_path / "log.txt"
+    code = (
+        "import sys; from hf_icl.cli import main\n"
+        "sys.exit(main(['dataset', '--n-dims', '2', '--n-points', '4', '--n-train', '16', '--n-validation', '0', "
+        f"'--n-test', '0', '--cache-dir', {str(tmp_path / 'cache')!r}, '--save-to-disk', {str(tmp_path / 'ds')!r}]))"
+    )
+    with log.open("w") as stderr:
+        subprocess.run([sys.executable, "-c", code], stderr=stderr, stdout=subprocess.DEVNULL, check=True)
+    assert (tmp_path / "ds" / "dataset_dict.json").is_file()
+    assert b"\r" not in log.read_bytes()  # bytes: read_text would turn \\r into \\n

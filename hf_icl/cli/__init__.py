@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 
 from ..deprecation import moved
+from ..progress import quiet_library_bars
 from ..validation import one_line
 from .checks import CLIError, allocation_error, flag_spelling
 from .icl_commands import run_train
@@ -52,12 +53,13 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else None
     try:
-        if command == "train":  # HfArgumentParser owns every training flag
-            return run_train(argv[1:])
-        if command == "bench":  # each benchmark parses its own flags
-            return run_bench(argv[1:])
-        args = build_parser().parse_args(argv)
-        return args.run(args)
+        with quiet_library_bars():  # a log file gets no carriage-return bars from transformers or datasets
+            if command == "train":  # HfArgumentParser owns every training flag
+                return run_train(argv[1:])
+            if command == "bench":  # each benchmark parses its own flags
+                return run_bench(argv[1:])
+            args = build_parser().parse_args(argv)
+            return args.run(args)
     except (ValueError, OSError) as err:  # user errors (bad values, missing files, no Hub): one line, no traceback
         print(f"hf-icl {command}: error: {_spelled(command, one_line(err))}", file=sys.stderr)
         return 2

@@ -119,7 +119,8 @@ class ContextScalingResult:
     def plot(self, path: str | Path, *, log_y: bool | None = None, title: str | None = None) -> Path:
         """Write the curves to a PNG: bands shaded, the trivial predictor dashed; returns ``path``.
 
-        ``log_y`` defaults to a log axis for errors and a linear one for accuracy."""
+        ``log_y`` defaults to a log axis for errors and a linear one for accuracy; a ``title`` too wide for the axes
+        is wrapped to fit (:func:`~hf_icl.evaluation.plotting.fit_titles`)."""
         fig, ax = new_axes(title or f"{self.task_name} ({self.n_prompts} prompts)")
         x = torch.arange(self.n_points)
         for name in self.predictors:

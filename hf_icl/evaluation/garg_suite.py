@@ -42,7 +42,6 @@ Example::
 from __future__ import annotations
 
 import sys
-import textwrap
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -67,9 +66,6 @@ SCALES = (0.333, 0.5, 2, 3)
 SUMMARY_FILE = "garg_suite.md"
 #: The summary's column with the position each row reports.
 LAST_POSITION = "last position"
-#: Characters per line of a figure's title: about what the 6.4-inch axes of ``ContextScalingResult.plot`` hold at
-#: the default title size with room for wide letters (one line of name, model and task ran off the figure).
-TITLE_WIDTH = 44
 
 
 @dataclass(frozen=True)
@@ -286,7 +282,7 @@ def run_garg_suite(
         figure = output_dir / f"garg_{name}.png"
         if missing or not figure.exists():
             title = f"{name}: {model_name} on {task.name}, d={task.n_dims} ({n_prompts} prompts)"
-            result_from_entry(stored[name], task.name).plot(figure, title=textwrap.fill(title, TITLE_WIDTH))
+            result_from_entry(stored[name], task.name).plot(figure, title=title)  # save_figure wraps it to fit
         if progress:
             done = f"computed {', '.join(missing)}" if missing else "cached"
             seconds = time.perf_counter() - started

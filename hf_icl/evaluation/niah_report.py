@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 import os
-import textwrap
 from pathlib import Path
 
 from .intervals import wilson_interval
@@ -309,20 +308,6 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 _LINESTYLES = ("-", "--", "-.", ":")
 
 
-def _fit_titles(fig, titles) -> None:
-    """Wrap each title to the width it is centred over (its axes, else the figure): constrained layout makes room
-    for a title's height, never its width, so a long method label ran off the figure or into the next panel."""
-    fig.draw_without_rendering()  # places the axes, whose widths are the room
-    renderer = fig.canvas.get_renderer()
-    for title in titles:
-        room = 0.98 * (title.axes or fig).bbox.width
-        lines = title.get_text().split("\n")
-        for chars in range(max(map(len, lines)) - 1, 0, -1):
-            if title.get_window_extent(renderer).width <= room:
-                break
-            title.set_text("\n".join(textwrap.fill(line, chars) for line in lines))
-
-
 def _heatmap(frame, label: str, path: Path) -> Path:
     from matplotlib.colors import LinearSegmentedColormap
 
@@ -337,12 +322,12 @@ def _heatmap(frame, label: str, path: Path) -> Path:
     width = max(grid.shape[1] for grid in grids)
     height = max(grid.shape[0] for grid in grids)
     fig, axes = new_panels(len(grids), size=(max(4.2, 1.6 + 0.9 * width) * len(grids), 1.8 + 0.5 * height))
-    # the label once across the figure, the needle setting over its own panel
-    titles = [fig.suptitle(f"Needle in a haystack: {label}")]
+    # the label once across the figure, the needle setting over its own panel (save_figure fits both in)
+    fig.suptitle(f"Needle in a haystack: {label}")
     cmap = LinearSegmentedColormap.from_list("niah", ["#F0496E", "#EBB839", "#0CD79F"])  # gkamradt's colours
     for ax, grid, (variant, value_kind) in zip(axes, grids, settings, strict=True):
         if len(grids) > 1:
-            titles.append(ax.set_title(f"{variant} needle, {value_kind} values"))
+            ax.set_title(f"{variant} needle, {value_kind} values")
         ax.grid(False)
         image = ax.imshow(grid.to_numpy(dtype=float), cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
         for i in range(grid.shape[0]):
@@ -355,7 +340,6 @@ def _heatmap(frame, label: str, path: Path) -> Path:
         ax.set_xlabel("context length (tokens)")
         ax.set_ylabel("needle depth")
     fig.colorbar(image, ax=list(axes), label="exact-match accuracy")
-    _fit_titles(fig, titles)
     return save_figure(fig, path)
 
 
@@ -383,7 +367,7 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
     suptitle = (
         f"Retrieval exact match against achieved CAB sparsity\n(error bars and dense band: {level} Wilson intervals)"
     )
-    titles = [fig.suptitle(suptitle)]
+    fig.suptitle(suptitle)
     names = list(dict.fromkeys(per_length.loc[per_length["method"] != DENSE, "name"]))
     # Methods can give identical points (magnitude exactly under frc): each gets its own marker and line style,
     # markers shrink in drawing order so a later one shows inside an earlier one, and the legend says which coincide.
@@ -429,7 +413,7 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
                 ax.axhline(row["accuracy"], color="0.3", linestyle="--", label=f"dense (sdpa), {level} band")
             title = f"context length {length} tokens"
             many = len(settings) > 1 or (variant, value_kind) != ("single", "number")
-            titles.append(ax.set_title(f"{title}\n{variant} needle, {value_kind} values" if many else title))
+            ax.set_title(f"{title}\n{variant} needle, {value_kind} values" if many else title)
             ax.set_xlabel("achieved sparsity (share of causal token × key-block pairs dropped)")
             ax.set_ylabel("exact-match accuracy")
             ax.set_ylim(-0.03, 1.03)
@@ -438,7 +422,6 @@ def _accuracy_plot(summary, path: Path, confidence: float = 0.95) -> Path:
     for ax in axes:
         if not ax.has_data():
             ax.set_visible(False)
-    _fit_titles(fig, titles)
     return save_figure(fig, path)
 
 
