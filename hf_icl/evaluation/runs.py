@@ -62,15 +62,13 @@ import csv
 import functools
 import hashlib
 import json
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..files import apply_umask
+from ..files import write_atomically
 from .context_scaling import ContextScalingResult
 from .metrics import ACCURACY, SQUARED_ERROR, PositionMetric
 
@@ -210,19 +208,6 @@ def write_metrics(
         raise ValueError(f"metrics for {path} are not plain finite JSON values: {err}") from None
     write_atomically(path, text)
     return path
-
-
-def write_atomically(path: Path, text: str) -> None:
-    """Replace ``path`` by ``text`` in one step: a temporary file beside it, then ``os.replace``."""
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w") as stream:
-            stream.write(text)
-        apply_umask(temporary)  # mkstemp's file is private (0600); the result is an ordinary file of the user's
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
 
 
 def read_metrics(path: str | Path) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """What every reproduction shares: training a model for one curve, scoring it, judging a claim, reporting.
 
-A reproduction trains its models with the package's own trainer (so a run here is a run a user could
-start with ``hf-icl train``), evaluates them with :func:`~hf_icl.evaluation.evaluate_context_scaling`
+A reproduction trains its models with the package's training stack (the trainer, or its seed-stacked variant for
+many small seeds at once), evaluates them with :func:`~hf_icl.evaluation.evaluate_context_scaling`
 on fresh tasks, and writes ``results.md`` (tables, plots, one verdict per claim of the document) and
-``results.json`` (every number) to its output directory. A finished training run is reused when its
-arguments are unchanged, so re-running an experiment to redraw its report costs only the evaluation.
+``results.json`` (every number) to its output directory. Every finished run is cached in one format
+(:mod:`hf_icl.training.run_cache`: ``run.json`` beside the models) and reused when its spec is unchanged, so
+re-running an experiment to redraw its report costs only the evaluation.
 """
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from typing import Any
 import torch
 
 from ..training import ICLTrainingArguments, train
-from ..training.trainer import TRAINING_ARGS_FILE
-from ..validation import one_line
+from ..training.run_cache import DamagedRunError as DamagedRunError  # where reproductions raised it before
+from ..training.run_cache import read_run, write_run
 
 #: the three verdicts a results doc may give a claim
 VERDICTS = ("holds", "does not hold", "not testable at this size")
@@ -55,8 +56,8 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
         eval_prompts=arguments.pop("eval_prompts", 256),
         **arguments,
     )
-    saved = run_dir / TRAINING_ARGS_FILE
-    if not retrain and saved.is_file() and _same_run(json.loads(saved.read_text()), args.to_dict()):
+    spec = _run_spec(args.to_dict())
+    if not retrain and read_run(run_dir, spec) is not None:
         from transformers import AutoModel
 
         log(f"reusing {run_dir} (trained with the same arguments)")
@@ -66,37 +67,15 @@ def train_or_reuse(run_dir: Path, *, retrain: bool = False, **arguments) -> torc
     log(f"training {run_dir.name}: {args.model_type}, {args.max_steps} steps × {batch} prompts")
     result = train(args)
     final = result.final_metrics.get("eval/loss", float("nan"))
-    log(f"  done in {time.perf_counter() - started:.0f} s, final eval loss {final:.4f}")
+    seconds = time.perf_counter() - started
+    write_run(run_dir, spec, record={"seconds": seconds})  # the trainer wrote the model folder; this marks it reusable
+    log(f"  done in {seconds:.0f} s, final eval loss {final:.4f}")
     return result.model.eval()
 
 
-class DamagedRunError(ValueError):
-    """A cached run folder that cannot be read back (a truncated or edited file): rerun with ``--retrain``."""
-
-
-def read_run_json(path: Path) -> Any:
-    """A cached run's JSON file; a damaged one is a :class:`DamagedRunError` saying how to recover."""
-    try:
-        return json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as err:
-        raise DamagedRunError(f"cached run file {path} cannot be read ({err}); rerun with --retrain") from None
-
-
-def read_run_tensors(path: Path) -> dict[str, torch.Tensor]:
-    """A cached run's safetensors file; a truncated or crafted one is a :class:`DamagedRunError`."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
-    try:
-        return load_file(str(path))
-    except (OSError, SafetensorError, ValueError) as err:
-        reason = one_line(err)
-        raise DamagedRunError(f"cached run file {path} cannot be read ({reason}); rerun with --retrain") from None
-
-
-def _same_run(saved: dict, wanted: dict) -> bool:
-    strip = lambda values: {k: v for k, v in values.items() if k not in _BOOKKEEPING}  # noqa: E731
-    return strip(saved) == strip(wanted)
+def _run_spec(arguments: dict) -> dict:
+    """What a training run learns from: its arguments less the bookkeeping ones."""
+    return {k: v for k, v in arguments.items() if k not in _BOOKKEEPING}
 
 
 def model_fields(**fields) -> str:

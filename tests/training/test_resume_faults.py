@@ -345,19 +345,15 @@ def test_matching_n_classes_is_accepted(tmp_path):
 def test_a_damaged_cached_run_is_a_one_line_error_that_says_retrain(tmp_path):
     """A reproduction reuses finished runs from disk: a truncated tensor file or an edited JSON record is refused
     with the file named and the way out (--retrain), not a raw SafetensorError / JSONDecodeError."""
-    from safetensors.torch import save_file
+    from hf_icl.reproduce.linear_attention import GroupResult
+    from hf_icl.reproduce.report import DamagedRunError
+    from hf_icl.training.run_cache import TENSORS_FILE, write_run
 
-    from hf_icl.reproduce.linear_attention import ERRORS_FILE, GroupResult
-    from hf_icl.reproduce.report import DamagedRunError, read_run_json, read_run_tensors
-
-    errors = tmp_path / ERRORS_FILE
-    save_file({"softmax": torch.arange(6.0)}, errors)
-    assert torch.equal(read_run_tensors(errors)["softmax"], torch.arange(6.0))
-    errors.write_bytes(errors.read_bytes()[:-5])
-    with pytest.raises(DamagedRunError, match=r"errors\.safetensors cannot be read .*--retrain"):
-        read_run_tensors(errors)
+    write_run(tmp_path, {"recipe": "softmax"}, tensors={"softmax": torch.arange(6.0)})
+    tensors = tmp_path / TENSORS_FILE
+    tensors.write_bytes(tensors.read_bytes()[:-5])
+    with pytest.raises(DamagedRunError, match=r"tensors\.safetensors cannot be read .*--retrain"):
+        GroupResult.load(tmp_path)
     (tmp_path / "run.json").write_text('{"spec": ')
     with pytest.raises(DamagedRunError, match=r"run\.json cannot be read .*--retrain"):
         GroupResult.load(tmp_path)
-    with pytest.raises(DamagedRunError, match="--retrain"):
-        read_run_json(tmp_path / "missing.json")

@@ -5,7 +5,6 @@ while the run's spec is unchanged (:func:`train_or_load`)."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 import time
 from contextlib import contextmanager
@@ -16,9 +15,11 @@ import torch
 
 from ...data.stories import load_story_corpus, pack_stories, train_story_tokenizer
 from ...modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM
+from ...modeling.model_folder import write_model_manifest
 from ...training.checkpoints import quiet_progress
+from ...training.run_cache import read_run, write_run
 from ...validation import check_int
-from ..report import log, read_run_json
+from ..report import log
 from .document import DOCUMENT_HEADS, DOCUMENT_WIDTH
 
 #: model name -> its label in the report
@@ -294,12 +295,12 @@ def run_spec(name: str, fields: dict, data: StoryData, scale: StoriesScale, step
 def _load_run(run_dir: Path, spec: dict):
     from transformers import AutoModelForCausalLM
 
-    spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or read_run_json(spec_file) != spec:
+    run = read_run(run_dir, spec)
+    if run is None:
         return None
     with quiet_progress():
         model = AutoModelForCausalLM.from_pretrained(run_dir).eval()
-    return model, read_run_json(run_dir / "curve.json")
+    return model, run.record
 
 
 def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrain: bool):
@@ -318,6 +319,6 @@ def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrai
     run_dir.mkdir(parents=True, exist_ok=True)
     with quiet_progress():
         model.save_pretrained(run_dir)
-    (run_dir / "curve.json").write_text(json.dumps({**curve, "seconds": seconds}))
-    (run_dir / "spec.json").write_text(json.dumps(spec, indent=1))  # written last: marks the run finished
+    write_model_manifest(run_dir)
+    write_run(run_dir, spec, record={**curve, "seconds": seconds})
     return model, {**curve, "seconds": seconds}, False

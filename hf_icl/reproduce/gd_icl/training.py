@@ -8,22 +8,20 @@ parameters finite (else :class:`~hf_icl.training.TrainingDivergedError` naming t
 
 from __future__ import annotations
 
-import json
 import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 from torch.func import functional_call, grad_and_value, vmap
 
 from ...data.episodes import digit_features, sample_episodes
-from ...files import apply_umask
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
+from ...training.run_cache import read_run, write_run
 from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
 from ...validation import check_float, check_int
-from ..report import log, read_run_json, usable_cores
+from ..report import log, usable_cores
 from ..workers import worker_pool
 from .specs import (
     BATCH_STREAM,
@@ -255,9 +253,7 @@ def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs
     for spec, trainer, curve in zip(specs, trainers, curves, strict=True):
         run_dir = runs_dir / stream.name / spec.name
         trainer.save(run_dir)
-        save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
-        apply_umask(run_dir / "losses.safetensors")
-        (run_dir / "spec.json").write_text(json.dumps(training_spec(scale, stream, spec), indent=1))  # marks it done
+        write_run(run_dir, training_spec(scale, stream, spec), tensors={"losses": torch.stack(curve)})
 
 
 def _load_run(scale: Scale, stream: Stream, spec: ModelSpec, runs_dir: Path):
@@ -265,8 +261,7 @@ def _load_run(scale: Scale, stream: Stream, spec: ModelSpec, runs_dir: Path):
     from transformers.utils import logging as hf_logging
 
     run_dir = runs_dir / stream.name / spec.name
-    spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or read_run_json(spec_file) != training_spec(scale, stream, spec):
+    if read_run(run_dir, training_spec(scale, stream, spec)) is None:
         return None
     hf_logging.disable_progress_bar()
     return [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in scale.seeds]

@@ -88,7 +88,7 @@ class Training:
     n_queries: int
 
     def spec(self, scale: Scale, group: Group) -> dict:
-        """The run cache's ``spec.json`` of ``group``: a finished group whose spec matches is reloaded."""
+        """The spec ``run.json`` records for ``group`` (:mod:`hf_icl.training.run_cache`): equal specs are reused."""
         return {
             "fields": group.fields,
             "seeds": list(scale.seeds),

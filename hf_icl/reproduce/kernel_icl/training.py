@@ -3,19 +3,17 @@ on shared batches per process; finished groups are reloaded from the run cache i
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from ...data.tasks import get_task
-from ...files import apply_umask
 from ...training.checkpoints import quiet_progress
+from ...training.run_cache import read_run, write_run
 from ...training.seed_ensemble import SeedEnsemble
-from ..report import log, read_run_json, read_run_tensors, usable_cores
+from ..report import log, usable_cores
 from ..workers import worker_pool
 from .data import context_query_batch
 from .specs import Group, Scale, Training
@@ -24,12 +22,12 @@ from .specs import Group, Scale, Training
 def _load_group(run_dir: Path, spec: dict) -> tuple[list[torch.nn.Module], torch.Tensor] | None:
     from transformers import AutoModel
 
-    spec_file = run_dir / "spec.json"
-    if not spec_file.is_file() or read_run_json(spec_file) != spec:
+    run = read_run(run_dir, spec)
+    if run is None:
         return None
     with quiet_progress():
         models = [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in spec["seeds"]]
-    return models, read_run_tensors(run_dir / "losses.safetensors")["losses"]
+    return models, run.tensors["losses"]
 
 
 def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_dir: Path) -> None:
@@ -70,10 +68,7 @@ def _train_loop(scale: Scale, groups: Sequence[Group], training: Training, runs_
     for group, ensemble, curve in zip(groups, ensembles, curves, strict=True):
         run_dir = runs_dir / group.name
         ensemble.save(run_dir)
-        save_file({"losses": torch.stack(curve).contiguous()}, run_dir / "losses.safetensors")
-        apply_umask(run_dir / "losses.safetensors")
-        # written last: marks the group finished
-        (run_dir / "spec.json").write_text(json.dumps(training.spec(scale, group), indent=1))
+        write_run(run_dir, training.spec(scale, group), tensors={"losses": torch.stack(curve)})
 
 
 def _train_in_worker(scale: Scale, groups: list[Group], training: Training, runs_dir: str, threads: int) -> None:

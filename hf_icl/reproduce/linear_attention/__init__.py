@@ -78,7 +78,7 @@ from .document import (
 )
 from .experiments import EXPERIMENTS, PAPER_SPEC, ablation, all_tables, describe, table1, table2, table3
 from .plots import plot_ablation, plot_curves, plot_shift
-from .specs import CPU, ERRORS_FILE, FULL, RECIPES, GroupSpec, Recipe, Scale, ablation_specs, group_specs
+from .specs import CPU, FULL, RECIPES, GroupSpec, Recipe, Scale, ablation_specs, group_specs
 from .timing import WAYS, engines, time_way
 from .training import (
     ExperimentState,
@@ -105,7 +105,6 @@ __all__ = [
     "DOCUMENT_STEPS_TO_90",
     "DOCUMENT_WIDTH",
     "DocumentRow",
-    "ERRORS_FILE",
     "EXPERIMENTS",
     "ExperimentState",
     "FAILED",

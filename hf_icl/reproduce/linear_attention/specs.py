@@ -21,10 +21,6 @@ from .document import (
     SEEDS,
 )
 
-#: each finished group's per-prompt query errors (safetensors: nothing is unpickled); ``run.json`` beside it holds
-#: the group's :meth:`GroupSpec.to_dict` (the run cache's key), its curves and its time
-ERRORS_FILE = "errors.safetensors"
-
 
 def depth_label(depth: int) -> str:
     """A depth as the document names it: "1 layer", "6 layers"."""

@@ -6,7 +6,6 @@ groups once."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -16,15 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
-from ...files import apply_umask
+from ...training.run_cache import read_run, write_run
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
-from ..report import Report, Subject, log, read_run_json, read_run_tensors, seed_interval, usable_cores
+from ..report import Report, Subject, log, seed_interval, usable_cores
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
 from .document import CONVERGED, DEPTHS, DOCUMENT_WIDTH, GPT2_VOCAB
-from .specs import ERRORS_FILE, RECIPES, GroupSpec, Scale, ablation_specs, group_specs
+from .specs import RECIPES, GroupSpec, Scale, ablation_specs, group_specs
 
 
 # -- statistics of the curves and the final losses ------------------------------------------------------------------
@@ -109,27 +107,27 @@ class GroupResult:
         return Subject(label, float(self.final(name).mean()), self.trivial(name))
 
     def save(self, run_dir: Path) -> None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.errors.items()}, run_dir / ERRORS_FILE)  # no pickle
-        apply_umask(run_dir / ERRORS_FILE)
         record = {
-            "spec": self.spec.to_dict(),
             "steps": self.steps,
             "test_curve": self.test_curve.tolist(),
             "train_curve": self.train_curve.tolist(),
             "seconds": self.seconds,
         }
-        (run_dir / "run.json").write_text(json.dumps(record))  # last: its presence marks a finished run
+        write_run(run_dir, self.spec.to_dict(), record=record, tensors=self.errors)
 
     @classmethod
-    def load(cls, run_dir: Path) -> GroupResult:
-        record = read_run_json(run_dir / "run.json")
+    def load(cls, run_dir: Path, spec: GroupSpec | None = None) -> GroupResult | None:
+        """The finished group in ``run_dir`` (of ``spec``, when given); None when there is none."""
+        run = read_run(run_dir, None if spec is None else spec.to_dict())
+        if run is None:
+            return None
+        record = run.record
         return cls(
-            GroupSpec.from_dict(record["spec"]),
+            GroupSpec.from_dict(run.spec),
             record["steps"],
             torch.tensor(record["test_curve"], dtype=torch.float64),
             torch.tensor(record["train_curve"], dtype=torch.float64),
-            read_run_tensors(run_dir / ERRORS_FILE),
+            run.tensors,
             record["seconds"],
         )
 
@@ -199,10 +197,7 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
 
 
 def _finished(spec: GroupSpec, run_dir: Path) -> bool:
-    saved = run_dir / "run.json"
-    # a run from before the errors moved to safetensors (errors.pt) is trained again, never unpickled
-    finished = saved.is_file() and (run_dir / ERRORS_FILE).is_file()
-    return finished and json.loads(saved.read_text())["spec"] == spec.to_dict()
+    return GroupResult.load(run_dir, spec) is not None
 
 
 def _train_in_worker(spec: dict, run_dir: str, threads: int) -> str:

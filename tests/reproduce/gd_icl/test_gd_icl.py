@@ -153,9 +153,9 @@ def test_a_changed_spec_retrains_and_two_processes_train_what_one_would(finished
         (gd_icl.Stream("synthetic", 20), gd_icl.ModelSpec("trained", "rbf", 1, 3, 1e-3)),
     ]
     runs = out / "gd-icl" / "runs"
-    before = (runs / "L20" / "gd_rbf_1" / "spec.json").read_text()
+    before = (runs / "L20" / "gd_rbf_1" / "run.json").read_text()
     parallel = gd_icl.train_models(TINY, jobs, runs, workers=2)
-    assert (runs / "L20" / "gd_rbf_1" / "spec.json").read_text() != before  # 3 steps, not 4: retrained
+    assert (runs / "L20" / "gd_rbf_1" / "run.json").read_text() != before  # 3 steps, not 4: retrained
     single = gd_icl.train_models(TINY, jobs, tmp_path, workers=1)
     xs, ys, _ = gd_icl.synthetic_eval_set(SYNTHETIC, 0)
     for job in jobs:

@@ -128,9 +128,9 @@ def test_a_changed_spec_retrains_and_two_processes_train_what_one_would(finished
     ]
     training = kernel_icl.Training({"name": "sinusoid", "n_dims": 1}, 3, 8, 4)
     runs = out / "kernel-icl" / "runs"
-    before = (runs / "head_1d" / "spec.json").read_text()
+    before = (runs / "head_1d" / "run.json").read_text()
     parallel = kernel_icl.train_groups(TINY, groups, training, runs, workers=2)
-    assert (runs / "head_1d" / "spec.json").read_text() != before
+    assert (runs / "head_1d" / "run.json").read_text() != before
     single = kernel_icl.train_groups(TINY, groups, training, tmp_path, workers=1)
     xs, ys = torch.randn(2, 9, 1), torch.randn(2, 9)
     for name in ("head_1d", "head_cosine"):
