@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from hf_icl_cli.argument_types import below_minimum
+
 
 def both_spellings(names: tuple[str, ...]) -> tuple[str, ...]:
     """``names`` plus the other spelling of every long option (``--a-b`` ↔ ``--a_b``), without duplicates."""
@@ -27,5 +29,21 @@ class OptionParser(argparse.ArgumentParser):
     (3, 4)
     """
 
-    def add_argument(self, *names, **kwargs):
-        return super().add_argument(*both_spellings(names), **kwargs)
+    def add_argument(self, *names, minimum: int | None = None, **kwargs):
+        """``minimum``: the least an integer flag (each element of a list flag) may be, checked right after parsing
+        (and written down for the torch-free front door, :mod:`hf_icl_cli.early_checks`)."""
+        action = super().add_argument(*both_spellings(names), **kwargs)
+        action.minimum = minimum
+        return action
+
+    def parse_known_args(self, args=None, namespace=None):
+        namespace, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            refusal = below_minimum(
+                action.option_strings[0] if action.option_strings else action.dest,
+                getattr(namespace, action.dest, None),
+                getattr(action, "minimum", None),
+            )
+            if refusal is not None:
+                raise ValueError(refusal)  # the command's one-line error, as every other value check
+        return namespace, rest

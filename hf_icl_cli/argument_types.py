@@ -72,3 +72,14 @@ TYPES: dict[str, Callable | None] = {
     "json_object": json_object,
     **{f"csv_{kind.__name__}": comma_separated(kind) for kind in (int, float, str)},
 }
+
+
+def below_minimum(flag: str, value, minimum: int | None) -> str | None:
+    """The refusal of an integer flag (or each element of a list flag) below its ``minimum``, worded as
+    :func:`hf_icl.validation.check_int` words it; None when ``value`` is fine (or unset)."""
+    if minimum is None:
+        return None
+    for element in value if isinstance(value, list) else [value]:
+        if element is not None and element < minimum:
+            return f"{flag} must be an integer in [{minimum}, +inf), got {element}"
+    return None

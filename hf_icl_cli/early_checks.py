@@ -1,8 +1,9 @@
-"""A command line checked before torch is imported: each command's flags, their value kinds, choices and required
-arguments (``arguments.json``, written from the live parsers by :mod:`hf_icl.cli.argument_specs`) rebuilt as a plain
-argparse parser. A misspelt flag, ``--max-steps ten`` or a value outside the choices is refused in a fraction of a
-second, with argparse's usual usage line and message, instead of after the seconds ``import hf_icl`` takes. What it
-accepts is parsed again by the live parser, which also checks what cannot be written down here (ranges, files)."""
+"""A command line checked before torch is imported: each command's flags, their value kinds, choices, minimums and
+required arguments (``arguments.json``, written from the live parsers by :mod:`hf_icl.cli.argument_specs`) rebuilt as
+a plain argparse parser. A misspelt flag, ``--max-steps ten``, a value outside the choices or below a flag's minimum
+is refused in a fraction of a second, worded as the live command words it, instead of after the seconds ``import
+hf_icl`` takes. What it accepts is parsed again by the live parser, which also checks what cannot be written down
+here (files, combinations of flags, ``train``'s ranges, which its dataclass checks)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .argument_types import TYPES
+from .argument_types import TYPES, below_minimum
 
 ARGUMENTS_FILE = Path(__file__).resolve().parent / "arguments.json"
 
@@ -49,5 +50,12 @@ def check_command_line(argv: list[str]) -> None:
     if any(word in ("-h", "--help") for word in argv):
         return  # help is the live parser's to print (with a --config's values as defaults)
     spec = _specs().get(argv[0]) if argv else None
-    if spec is not None:
-        early_parser(spec).parse_args(argv[1:])
+    if spec is None:
+        return
+    parser = early_parser(spec)
+    parsed = parser.parse_args(argv[1:])
+    for argument in spec["arguments"]:
+        flag = argument["flags"][0] if argument["flags"] else argument["dest"]
+        refusal = below_minimum(flag, getattr(parsed, argument["dest"], None), argument.get("minimum"))
+        if refusal is not None:  # one line, as the live command words it
+            parser.exit(2, f"{spec['prog']}: error: {refusal}\n")

@@ -31,7 +31,7 @@ def value_kind(action: argparse.Action) -> str:
 
 def action_spec(action: argparse.Action) -> dict:
     """One argument as JSON: ``flags`` (empty for a positional), ``dest``, ``nargs`` (0: a switch), ``kind``,
-    ``choices`` (strings only, else None), ``required``."""
+    ``choices`` (strings only, else None), ``required``, ``minimum`` (None: no bound)."""
     takes_value = action.nargs != 0
     choices = list(action.choices) if action.choices is not None else None
     if choices is not None and not all(isinstance(choice, str) for choice in choices):
@@ -43,6 +43,7 @@ def action_spec(action: argparse.Action) -> dict:
         "kind": value_kind(action) if takes_value else None,
         "choices": choices,
         "required": bool(action.required),
+        "minimum": getattr(action, "minimum", None),  # OptionParser's: the least an integer flag may be
     }
 
 

@@ -10,7 +10,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from ..validation import check_int, one_line
+from ..validation import one_line
 
 
 class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -46,12 +46,6 @@ def help_formatter(prog):
 
 class CLIError(ValueError):
     """An expected failure of a command: printed as ``hf-icl <command>: error: ...``, exit status 2."""
-
-
-def at_least(flag: str, value, low: int) -> None:
-    """An integer option that must be >= ``low``, named as the user typed it (``--n-prompts``)."""
-    if value is not None:
-        check_int(flag, value, low=low)
 
 
 def existing_file(flag: str, path: str) -> Path:

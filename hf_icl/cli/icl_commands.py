@@ -14,7 +14,6 @@ from ..evaluation.baselines import default_baselines, estimator_for_task
 from .checks import (
     CLIError,
     DefaultsFormatter,
-    at_least,
     check_estimator_names,
     existing_file,
     hub_offline,
@@ -31,9 +30,6 @@ DEFAULT_N_DIMS = 5  # compare's input dimension for families that have no defaul
 def run_quickstart(args) -> int:
     from ..quickstart import format_report, run_quickstart
 
-    at_least("--max-steps", args.max_steps, 1)  # 0 was silently the default run length
-    at_least("--n-prompts", args.n_prompts, 1)
-    at_least("--seed", args.seed, 0)
     writable("--output-dir", args.output_dir, directory=True)
     overrides = {"max_steps": args.max_steps} if args.max_steps is not None else {}
     report = run_quickstart(args.output_dir, seed=args.seed, eval_prompts=args.n_prompts, **overrides)
@@ -131,8 +127,6 @@ def run_evaluate(args) -> int:
     from ..training.trainer import build_task
 
     # every check runs before the model's weights load
-    at_least("--n-prompts", args.n_prompts, 1)
-    at_least("--seed", args.seed, 0)
     if args.task_params and not args.task:
         raise CLIError(
             f"--task-params {json.dumps(args.task_params)} needs --task (without --task the model's training task "
@@ -167,9 +161,8 @@ def run_evaluate(args) -> int:
         except ValueError as err:  # a field this version does not have
             raise CLIError(f"{saved} cannot be read by this version of hf_icl ({err}); pass --task") from None
         family = make_task({**build_task(trained).to_dict(), "n_tasks": None})  # fresh tasks from the prior
-    # which folder and which weights (taken before they load): read_runs ties the evaluation to its training run
-    evaluated = evaluated_model(source)
     if args.suite:
+        evaluated = evaluated_model(source)  # which folder and which weights: read_runs ties evaluation and run
         _run_suite(args, source, family, output_dir, device)
         record_evaluated_model(output_dir / METRICS_FILE, evaluated)  # cached shifts count as this model's too
         return 0
@@ -179,6 +172,8 @@ def run_evaluate(args) -> int:
     local = Path(source).is_dir()
     if local:  # after the argument checks, before the weights are used: manifest, headers, config vs weights, finite
         verify_model_folder(source, config)
+    # which folder and which weights (taken before they load): read_runs ties the evaluation to its training run
+    evaluated = evaluated_model(source)
     model = AutoModel.from_pretrained(source, verify=not local)  # a local folder was just verified
     if device is not None:
         model.to(device)  # --device runs the model (and the estimators) there
@@ -255,10 +250,6 @@ def run_push(args) -> int:
 def run_compare(args) -> int:
     from ..evaluation import evaluate_context_scaling
 
-    at_least("--n-prompts", args.n_prompts, 1)
-    at_least("--n-points", args.n_points, 1)
-    at_least("--n-dims", args.n_dims, 1)
-    at_least("--seed", args.seed, 0)
     check_estimator_names(args.estimators)
     if args.plot:
         writable("--plot", args.plot, directory=False)
@@ -326,13 +317,8 @@ def run_tasks(args) -> int:
 def run_dataset(args) -> int:
     from ..data.builders import ICLTasks
 
-    for flag, value in (("--n-train", args.n_train), ("--n-validation", args.n_validation), ("--n-test", args.n_test)):
-        at_least(flag, value, 0)
     if not (args.n_train or args.n_validation or args.n_test):
         raise CLIError("--n-train, --n-validation and --n-test are all 0: at least one split must hold prompts")
-    for flag, value in (("--n-dims", args.n_dims), ("--n-points", args.n_points), ("--n-tasks", args.n_tasks)):
-        at_least(flag, value, 1)
-    at_least("--seed", args.seed, 0)
     if args.cache_dir:
         writable("--cache-dir", args.cache_dir, directory=True)
     if args.save_to_disk:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from ..validation import check_int, did_you_mean
-from .checks import CLIError, at_least, existing_file, load_config, model_source, parse_device, writable
+from .checks import CLIError, existing_file, load_config, model_source, parse_device, writable
 
 
 def _gguf_available() -> bool:
@@ -147,11 +147,7 @@ def run_niah_command(args) -> int:
     methods = niah_methods(args.policies, args.sparsities, args.kept_blocks)  # every check runs before the model loads
     knobs = _cab_knobs(args)
     _check_block_size(args.block_size)
-    at_least("--samples", args.samples, 1)
-    at_least("--seed", args.seed, 0)
-    at_least("--preservation-queries", args.preservation_queries, 1)
     for flag, value, variant in (("--keys", args.keys, "multikey"), ("--values", args.values, "multivalue")):
-        at_least(flag, value, 2)
         if value is not None and args.variant != variant:
             raise CLIError(f"{flag} applies only to --variant {variant}, got --variant {args.variant}")
     if args.haystack not in BUILTIN_HAYSTACKS:
@@ -207,11 +203,8 @@ def run_perplexity_command(args) -> int:
     _check_block_size(args.block_size)
     if not args.length:
         raise CLIError("--length must name at least one window length, e.g. 4096 or 4096,8192")
-    for length in args.length:
-        at_least("--length", length, 2)
     if len(set(args.length)) < len(args.length):
         raise CLIError(f"--length must not repeat a length, got {','.join(map(str, args.length))}")
-    at_least("--windows", args.windows, 1)
     texts = _perplexity_texts(args.text)
     writable("--output-dir", args.output_dir, directory=True)
     device = parse_device("--device", args.device)

@@ -45,9 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     quick = commands.add_parser("quickstart", help=COMMANDS["quickstart"], formatter_class=help_formatter)
     quick.add_argument("--output-dir", default="outputs/quickstart", help="model, card, plot, checkpoints")
-    quick.add_argument("--max-steps", type=int, default=None, help="override the run's optimizer steps")
-    quick.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
-    quick.add_argument("--seed", type=int, default=0, help="seed of weights and prompts")
+    quick.add_argument("--max-steps", type=int, minimum=1, default=None, help="override the run's optimizer steps")
+    quick.add_argument("--n-prompts", type=int, minimum=1, default=1280, help="evaluation prompts")
+    quick.add_argument("--seed", type=int, minimum=0, default=0, help="seed of weights and prompts")
     quick.set_defaults(run=run_quickstart)
 
     commands.add_parser("train", help=COMMANDS["train"], add_help=False)
@@ -81,8 +81,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="comma-separated baselines (default: the task's, e.g. least_squares,averaging,knn)",
     )
-    ev.add_argument("--n-prompts", type=int, default=1280, help="evaluation prompts")
-    ev.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    ev.add_argument("--n-prompts", type=int, minimum=1, default=1280, help="evaluation prompts")
+    ev.add_argument("--seed", type=int, minimum=0, default=0, help="seed of the prompts")
     ev.add_argument("--device", default=None, help="device for the model (default: where it is)")
     _add_plot_arguments(ev)
     ev.set_defaults(run=run_evaluate)
@@ -104,12 +104,13 @@ def build_parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--n-dims",
         type=int,
+        minimum=1,
         default=None,
         help=f"input dimension d (the family's default, else {DEFAULT_N_DIMS})",
     )
-    quick.add_argument("--n-points", type=int, default=16, help="examples per prompt")
-    quick.add_argument("--n-prompts", type=int, default=1280, help="prompts to average over")
-    quick.add_argument("--seed", type=int, default=0, help="seed of the prompts")
+    quick.add_argument("--n-points", type=int, minimum=1, default=16, help="examples per prompt")
+    quick.add_argument("--n-prompts", type=int, minimum=1, default=1280, help="prompts to average over")
+    quick.add_argument("--seed", type=int, minimum=0, default=0, help="seed of the prompts")
     quick.add_argument(
         "--estimators",
         type=comma_names,
@@ -126,13 +127,17 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_argument("--config", default="linear_regression", help="a predefined ICLTasks config name")
     data.add_argument("--family", default=None, help="override the config's task family")
     data.add_argument("--task-params", type=json_object, default=None, help="JSON hyperparameters")
-    data.add_argument("--n-dims", type=int, default=None, help="input dimension (config default if unset)")
-    data.add_argument("--n-points", type=int, default=None, help="examples per prompt (config default if unset)")
-    data.add_argument("--n-tasks", type=int, default=None, help="finite task-pool size")
-    data.add_argument("--seed", type=int, default=None, help="seed of the pool and splits (config default if unset)")
-    data.add_argument("--n-train", type=int, default=12_800, help="train prompts (0: no split)")
-    data.add_argument("--n-validation", type=int, default=1_280, help="validation prompts (0: no split)")
-    data.add_argument("--n-test", type=int, default=1_280, help="test prompts (0: no split)")
+    data.add_argument("--n-dims", type=int, minimum=1, default=None, help="input dimension (config default if unset)")
+    data.add_argument(
+        "--n-points", type=int, minimum=1, default=None, help="examples per prompt (config default if unset)"
+    )
+    data.add_argument("--n-tasks", type=int, minimum=1, default=None, help="finite task-pool size")
+    data.add_argument(
+        "--seed", type=int, minimum=0, default=None, help="seed of the pool and splits (config default if unset)"
+    )
+    data.add_argument("--n-train", type=int, minimum=0, default=12_800, help="train prompts (0: no split)")
+    data.add_argument("--n-validation", type=int, minimum=0, default=1_280, help="validation prompts (0: no split)")
+    data.add_argument("--n-test", type=int, minimum=0, default=1_280, help="test prompts (0: no split)")
     data.add_argument("--cache-dir", default=None, help="datasets cache (HF_DATASETS_CACHE if unset)")
     data.add_argument("--save-to-disk", default=None, metavar="PATH", help="write the DatasetDict here")
     data.add_argument("--push-to-hub", default=None, metavar="REPO_ID", help="upload as parquet to this Hub repo")
@@ -261,12 +266,12 @@ def _add_niah_parser(commands) -> None:
     niah.add_argument(
         "--depths", type=comma_separated(float), default="0,0.25,0.5,0.75,1", help="needle depths in [0, 1]"
     )
-    niah.add_argument("--samples", type=int, default=5, help="prompts per (length, depth) cell")
+    niah.add_argument("--samples", type=int, minimum=1, default=5, help="prompts per (length, depth) cell")
     _add_cab_arguments(niah, block_size=DEFAULT_BLOCK_SIZE)
     niah.add_argument(
         "--haystack", default="filler", help="'filler', 'passkey' (the passkey test's five sentences) or a text file"
     )
-    niah.add_argument("--seed", type=int, default=0, help="seed of the passkeys and haystack offsets")
+    niah.add_argument("--seed", type=int, minimum=0, default=0, help="seed of the passkeys and haystack offsets")
     niah.add_argument(
         "--variant",
         default="single",
@@ -277,14 +282,25 @@ def _add_niah_parser(commands) -> None:
         "--value-kind", default="number", choices=("number", "word", "uuid"), help="what the needles' values are"
     )
     niah.add_argument(
-        "--keys", type=int, default=None, metavar="N", help="keys (needles) per prompt with --variant multikey (4)"
+        "--keys",
+        type=int,
+        minimum=2,
+        default=None,
+        metavar="N",
+        help="keys (needles) per prompt with --variant multikey (4)",
     )
     niah.add_argument(
-        "--values", type=int, default=None, metavar="N", help="values per prompt with --variant multivalue (4)"
+        "--values",
+        type=int,
+        minimum=2,
+        default=None,
+        metavar="N",
+        help="values per prompt with --variant multivalue (4)",
     )
     niah.add_argument(
         "--preservation-queries",
         type=int,
+        minimum=1,
         default=None,
         help="final prompt tokens scoring preservation (None: the question's and the chat template's after it)",
     )
@@ -315,10 +331,11 @@ def _add_perplexity_parser(commands) -> None:
     ppl.add_argument(
         "--length",
         type=comma_separated(int),
+        minimum=2,
         required=True,
         help="tokens per window, comma-separated for several (e.g. 4096,8192); every text runs at every length",
     )
-    ppl.add_argument("--windows", type=int, default=1, help="consecutive non-overlapping windows")
+    ppl.add_argument("--windows", type=int, minimum=1, default=1, help="consecutive non-overlapping windows")
     _add_cab_arguments(ppl, block_size=DEFAULT_BLOCK_SIZE)
     ppl.add_argument("--output-dir", default="outputs/perplexity", help="results.json and results.md")
     ppl.add_argument("--no-progress", action="store_true", help="no progress bar")

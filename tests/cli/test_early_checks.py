@@ -86,3 +86,27 @@ def test_a_bad_line_is_refused_without_importing_torch_or_hf_icl():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["exit", "2", "[]"]
     assert "hf-icl train: error: argument --max-steps/--max_steps: invalid int value: 'ten'" in result.stderr
+
+
+#: integer flags below their minimum: refused at the door with the live command's own line
+BELOW_MINIMUM = [
+    ["quickstart", "--max-steps", "0"],
+    ["compare", "--n_points", "0"],
+    ["evaluate", "--model", "m", "--n-prompts", "-5"],
+    ["dataset", "--n-train", "-1"],
+    ["niah", "--model", "m", "--samples", "0"],
+    ["niah", "--model", "m", "--variant", "multikey", "--keys", "1"],
+    ["perplexity", "--model", "m", "--length", "4096,1"],
+]
+
+
+@pytest.mark.parametrize("argv", BELOW_MINIMUM, ids=lambda a: " ".join(a)[:40])
+def test_a_flag_below_its_minimum_gets_the_live_commands_line_at_the_door(argv, capsys):
+    from hf_icl.cli import main
+
+    assert main(argv) == 2  # the live command: its one-line error, before any work
+    live = capsys.readouterr().err.strip()
+    assert "must be an integer in [" in live and len(live.splitlines()) == 1
+    with pytest.raises(SystemExit) as stop:
+        check_command_line(argv)
+    assert stop.value.code == 2 and capsys.readouterr().err.strip() == live
