@@ -130,6 +130,9 @@ _PLAIN_FIELDS = (
     "n_values",
 )
 
+#: how a multi-value answer joins its values, in the needles' order ("50815, 24562, 42793, 49836")
+ANSWER_SEPARATOR = ", "
+
 
 def code_hash() -> str:
     """Digest of the source of this module and of the modules it assembles prompts from (needles, haystacks,
@@ -352,7 +355,7 @@ class NeedleInAHaystackConfig(datasets.BuilderConfig):
         return answers, [self.needle(value, key) for key, value in draw.distractors]
 
     def _answer(self, draw: _Draw) -> str:
-        return ", ".join(draw.values)  # single, multikey: the one value
+        return ANSWER_SEPARATOR.join(draw.values)  # single, multikey: the one value
 
     def _check_cell(self, length: int, depth: float, sample: int) -> None:
         """The cell's values must be locatable and its prompt hold needles, question and one whole sentence."""

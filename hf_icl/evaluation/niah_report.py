@@ -63,6 +63,7 @@ SUMMARY_COLUMNS = (
     "accuracy",
     "accuracy_low",
     "accuracy_high",
+    "value_recall",
     "dense_hits",
     "kept",
     "kept_of_dense",
@@ -137,6 +138,15 @@ def _frame(records):
     return frame
 
 
+def _value_recall(answer: str, generated: str) -> float:
+    """The share of the answer's values found in the generation (RULER's score of the multi-value needle: naming 3
+    of 4 values scores 0.75 where exact match scores 0); a single value: 1 or 0."""
+    from ..data.niah import ANSWER_SEPARATOR  # here: data.niah imports datasets, which the report's readers need not
+
+    values = str(answer).split(ANSWER_SEPARATOR)
+    return sum(value in str(generated) for value in values) / len(values)
+
+
 def _row(group, section: dict, confidence: float) -> dict:
     """One summary row: a method's records in one section (a context length, or all of them)."""
     first = group.iloc[0]
@@ -165,6 +175,7 @@ def _row(group, section: dict, confidence: float) -> dict:
         "accuracy": hits / n,
         "accuracy_low": accuracy_low,
         "accuracy_high": accuracy_high,
+        "value_recall": float(sum(map(_value_recall, group["answer"], group["generated"])) / n),
         "dense_hits": dense_hits,
         "kept": kept,
         "kept_of_dense": kept_of_dense,
@@ -193,6 +204,8 @@ def summarize_niah(records, *, confidence: float = 0.95):
     * ``name``: the method without its budget (``frc``, ``quest``, ...); ``budget``: ``"dense"``, the sparsity
       (``"0.90"``) or ``"16 blocks"``; ``sparsity`` is NaN and ``kept_blocks`` set under a block budget;
     * ``n, hits, accuracy, accuracy_low, accuracy_high``: exact match over the prompts, with its interval;
+    * ``value_recall``: the mean share of the answer's values the generation names (RULER's multi-value score;
+      equals ``accuracy`` for one value);
     * ``dense_hits, kept, kept_of_dense, kept_low, kept_high``: of the ``dense_hits`` prompts dense answered, the
       ``kept`` the method answered too, their share and its interval (NaN for dense itself and without dense
       hits);
@@ -273,12 +286,14 @@ def _summary_markdown(summary, confidence: float = 0.95) -> str:
         "| answer log-prob | preservation | achieved sparsity |",
         "|:---|:---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    recall_header = [header[0] + " values recalled |", header[1] + "---:|"]  # several values per answer
     lines: list[str] = []
     current = None
     for row in summary.itertuples(index=False):
         section = (row.variant, row.value_kind, row.context_length)
         if section != current:
-            lines += ([""] if lines else []) + [f"### {_section_title(row, several)}", "", *header]
+            shown = recall_header if row.variant == "multivalue" else header
+            lines += ([""] if lines else []) + [f"### {_section_title(row, several)}", "", *shown]
             current = section
         method = f"**{row.method}** ★" if row.best else row.method
         policy = row.policy if _missing(row.score) else f"{row.policy} ({row.score} score)"
@@ -290,6 +305,7 @@ def _summary_markdown(summary, confidence: float = 0.95) -> str:
             f"| {method} | {policy} | {row.budget} | {row.n} | {accuracy} | {kept} | "
             f"{_number(row.pct_of_dense, '.1f')} | {row.answer_logprob:.3f} | {row.preservation:.3f} | "
             f"{_number(row.achieved_sparsity, '.3f')} |"
+            + (f" {row.value_recall:.3f} |" if row.variant == "multivalue" else "")
         )
     note = (
         f"Intervals: {level} Wilson score intervals. Kept of dense's hits: of the prompts dense attention (sdpa) "
@@ -297,6 +313,12 @@ def _summary_markdown(summary, confidence: float = 0.95) -> str:
         "dropped, or the key blocks each token keeps. ★ best CAB method at its budget (accuracy, then answer "
         "log-prob). Achieved sparsity: the share of causal (query token, key block) pairs CAB dropped, over every "
         "layer and head."
+        + (
+            " Values recalled (several values of one key): the mean share of the values the answer names, RULER's "
+            "score (exact match needs all of them in order)."
+            if (summary["variant"] == "multivalue").any()
+            else ""
+        )
     )
     return "\n".join(lines) + "\n\n" + note + "\n"
 

@@ -336,3 +336,33 @@ def test_coinciding_methods_stay_visible_and_are_named_in_the_legend(tmp_path, m
                 assert not line.get_label().startswith("_") and line.get_label() in legend
         assert all(c.get_label() in legend for c in ax.containers)
     assert all(_inside(fig, title) for title in _titles(fig))
+
+
+def test_value_recall_scores_each_value_of_a_multivalue_answer_and_the_table_shows_it():
+    """RULER scores a several-values needle by the share of values named: 3 of 4 is 0.75, where exact match is 0."""
+    from hf_icl.evaluation.niah_report import _summary_markdown, summarize_niah
+
+    def record(method, generated, sample):
+        return dict(
+            method=method, policy=method, score=None, sparsity=0.0, kept_blocks=None, context_length=256,
+            depth=0.5, sample=sample, answer="11, 22, 33, 44", generated=generated,
+            exact_match=generated == "11, 22, 33, 44", answer_logprob=-1.0, preservation=1.0,
+            achieved_sparsity=0.0, variant="multivalue", value_kind="number",
+        )  # fmt: skip
+
+    records = [
+        record("sdpa", "11, 22, 33, 44", 0),
+        record("sdpa", "22. 11. 44", 1),  # 3 of 4, out of order
+        record("cab-magnitude@16blocks", "11, 99", 0),
+        record("cab-magnitude@16blocks", "nothing", 1),
+    ]
+    summary = summarize_niah(records)
+    recall = dict(zip(summary["method"], summary["value_recall"], strict=True))
+    assert recall == {"sdpa": (1.0 + 0.75) / 2, "cab-magnitude@16blocks": (0.25 + 0.0) / 2}
+    assert dict(zip(summary["method"], summary["accuracy"], strict=True))["sdpa"] == 0.5
+    table = _summary_markdown(summary)
+    assert "values recalled |" in table and "| 0.875 |" in table and "| 0.125 |" in table
+    single = summarize_niah([{**r, "variant": "single", "answer": "11", "generated": g} for r, g in
+                             zip(records, ["11", "12", "11", "x"], strict=True)])  # fmt: skip
+    assert list(single["value_recall"]) == [0.5, 0.5]  # one value: recall is exact match
+    assert "values recalled" not in _summary_markdown(single)
