@@ -443,7 +443,7 @@ class ICLTrainer(ResumeRules):
         return bool(every) and step % every == 0 and step != self._start_step
 
     def _save_checkpoint(self, step: int, rng_state: dict) -> Path:
-        if not _all_finite(self.model.parameters()):
+        if not all_finite(self.model.parameters()):
             raise self._diverged(step, "the parameters are non-finite (they were not saved)")
         dims, points = self.curriculum.at(step)
         trainer_state = {
@@ -481,7 +481,8 @@ class ICLTrainer(ResumeRules):
         }
 
 
-def _all_finite(tensors) -> bool:
+def all_finite(tensors) -> bool:
+    """Whether every tensor of ``tensors`` is finite (one device sync for all of them)."""
     flags = [torch.isfinite(t.detach()).all() for t in tensors]
     return bool(torch.stack(flags).all()) if flags else True
 

@@ -5,7 +5,8 @@ language model ("8K attention parameters"), the same with a feed-forward layer (
 transformer ("6M attention parameters"); GPT-4o grades their stories for grammar, consistency, plot and creativity:
 GD competes closely with the transformer, GD + FF almost equals it, and both fail mostly by repeating themselves.
 
-Here the three models train with ``transformers.Trainer`` on the same blocks of the same corpus and tokenizer:
+Here the three models train with the package's causal-LM loop (:func:`hf_icl.training.train_causal_lm`: checked steps,
+manifested checkpoints, resume, metrics.json) on the same blocks of the same corpus and tokenizer:
 :class:`~hf_icl.modeling.gd_transformer.GDTransformerForCausalLM` (softmax kernel, ``normalize_attention=True`` as in
 the co-author's softmax LM, one GD step), the same with ``use_feed_forward=True``, and a one-layer
 ``GPT2LMHeadModel`` of the same width, heads and context, all with one recipe (AdamW, warm-up + cosine, no dropout).

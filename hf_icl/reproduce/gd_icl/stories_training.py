@@ -1,11 +1,17 @@
 """The stories study's sizes (:class:`StoriesScale`), data (:func:`prepare_data`), models
-(:func:`stories_model_fields`, :func:`build_stories_model`) and their training with ``transformers.Trainer``, reused
-while the run's spec is unchanged (:func:`train_or_load`)."""
+(:func:`stories_model_fields`, :func:`build_stories_model`) and their training with the package's causal-LM loop
+(:func:`~hf_icl.training.lm_training.train_causal_lm`: AdamW, warm-up + cosine, clipping at 1, finiteness checked
+every step, manifested checkpoints every tenth of a run, bit-identical resume, ``metrics.json``), reused while the
+run's spec is unchanged (:func:`train_or_load`). A run cut short continues from its newest checkpoint.
+
+The models were trained with ``transformers.Trainer`` before: the recipe is the same, but the batch order is not
+(epochs of ``torch.randperm`` seeded by the run's seed, not the Trainer's sampler), so the study's numbers (losses,
+perplexities, generations, verdicts near a threshold) differ from reports made then; the run spec names the trainer
+(:data:`TRAINER`), so cached runs of the Trainer are trained again rather than reused."""
 
 from __future__ import annotations
 
 import hashlib
-import math
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -15,15 +21,20 @@ import torch
 
 from ...data.stories import load_story_corpus, pack_stories, train_story_tokenizer
 from ...modeling.gd_transformer import GDLanguageModelConfig, GDTransformerForCausalLM
-from ...modeling.model_folder import write_model_manifest
-from ...training.checkpoints import quiet_progress
+from ...training.checkpoints import latest_checkpoint, quiet_progress
+from ...training.lm_training import CannotResumeError, train_causal_lm
+from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
-from ...validation import check_int
+from ...validation import check_int, one_line
 from ..report import log
 from .document import DOCUMENT_HEADS, DOCUMENT_WIDTH
 
 #: model name -> its label in the report
 MODELS = {"softmax_gd": "Softmax GD", "softmax_gd_ff": "Softmax GD + FF", "transformer": "Transformer (1 layer)"}
+#: what trained the runs (in their spec: runs trained by ``transformers.Trainer`` before are not reused)
+TRAINER = "hf_icl.train_causal_lm/1"
+#: the global gradient norm is clipped to this (transformers.Trainer's default, kept)
+MAX_GRAD_NORM = 1.0
 
 
 @dataclass(frozen=True)
@@ -180,18 +191,7 @@ def build_stories_model(name: str, fields: dict) -> torch.nn.Module:
     return GDTransformerForCausalLM(GDLanguageModelConfig(**fields))
 
 
-# -- training with transformers.Trainer, reused when nothing changed --------------------------------------------------
-class _Blocks(torch.utils.data.Dataset):
-    def __init__(self, blocks: torch.Tensor):
-        self.blocks = blocks
-
-    def __len__(self) -> int:
-        return len(self.blocks)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.blocks[index], "labels": self.blocks[index]}
-
-
+# -- training with the package's causal-LM loop, reused when nothing changed ---------------------------------------
 @contextmanager
 def _quiet_transformers():
     """Errors only from transformers' loggers while training (no config notes repeated per model)."""
@@ -205,76 +205,61 @@ def _quiet_transformers():
         hf_logging.set_verbosity(level)
 
 
-def _progress_callback(name: str, steps: int):
-    from transformers import TrainerCallback
-
-    class LogProgress(TrainerCallback):
-        """One log line at every tenth of training, instead of a progress bar or a dict per logging step."""
-
-        def __init__(self):
-            self.started, self.last_loss = time.perf_counter(), math.nan
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            self.last_loss = (logs or {}).get("loss", self.last_loss)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step % max(1, steps // 10) == 0 or state.global_step == steps:
-                elapsed = time.perf_counter() - self.started
-                log(f"  {name} step {state.global_step}/{steps} ({elapsed:.0f} s): train loss {self.last_loss:.3f}")
-
-    return LogProgress()
-
-
-def training_arguments(scale: StoriesScale, steps: int, seed: int, output_dir: Path):
-    from transformers import TrainingArguments
-
-    return TrainingArguments(
-        output_dir=str(output_dir),
-        max_steps=steps,
-        per_device_train_batch_size=scale.batch_size,
-        per_device_eval_batch_size=scale.batch_size,
-        learning_rate=scale.learning_rate,
-        lr_scheduler_type="cosine",
-        warmup_steps=min(scale.warmup_steps, steps),
-        weight_decay=scale.weight_decay,
-        logging_steps=max(1, steps // scale.curve_points),
-        eval_strategy="steps",
-        eval_steps=max(1, steps // scale.eval_points),
-        save_strategy="no",
-        report_to="none",
-        disable_tqdm=True,
-        seed=seed,
-        data_seed=seed,
-        dataloader_num_workers=0,
-        dataloader_pin_memory=torch.cuda.is_available(),  # pinning warns (and does nothing) without a GPU
-    )
-
-
-def train_model(name: str, fields: dict, data: StoryData, scale: StoriesScale, steps: int, seed: int, run_dir: Path):
-    """Train one model with ``transformers.Trainer``; returns it and its curve ``{"train": [[step, loss]],
-    "validation": [[step, loss]]}``."""
-    from transformers import PrinterCallback, ProgressCallback, Trainer, set_seed
-
-    set_seed(seed)  # the initialisation, before the model exists
-    model = build_stories_model(name, fields)
-    args = training_arguments(scale, steps, seed, run_dir)
-    with _quiet_transformers():
-        trainer = Trainer(
-            model=model,
-            args=args,
-            train_dataset=_Blocks(data.train_blocks),
-            eval_dataset=_Blocks(data.validation_blocks),
-            callbacks=[_progress_callback(MODELS[name], steps)],
-        )
-        for noisy in (PrinterCallback, ProgressCallback):
-            trainer.remove_callback(noisy)
-        trainer.train()
-    history = trainer.state.log_history
-    curve = {
-        "train": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry],
-        "validation": [[entry["step"], entry["eval_loss"]] for entry in history if "eval_loss" in entry],
+def training_cadence(scale: StoriesScale, steps: int) -> dict[str, int]:
+    """How often a run logs its train curve, scores the validation blocks and writes a checkpoint (the newest one
+    kept): ``curve_points`` and ``eval_points`` points over the run, a checkpoint every tenth."""
+    return {
+        "log_every": max(1, steps // scale.curve_points),
+        "eval_every": max(1, steps // scale.eval_points),
+        "checkpoint_every": max(1, steps // 10),
     }
-    return model.eval(), curve
+
+
+def train_model(
+    name: str,
+    fields: dict,
+    data: StoryData,
+    scale: StoriesScale,
+    steps: int,
+    seed: int,
+    run_dir: Path,
+    resume: bool = False,
+):
+    """Train one model with :func:`~hf_icl.training.lm_training.train_causal_lm` into ``run_dir`` (on the GPU when
+    there is one); returns it and its curve ``{"train": [[step, loss]], "validation": [[step, loss]]}``. ``resume``:
+    continue from the newest checkpoint in ``run_dir`` (a run cut short), or train afresh if it is another run's."""
+    from transformers import set_seed
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+    def train(resume: bool):
+        set_seed(seed)  # the initialisation, before the model exists
+        model = build_stories_model(name, fields).to(device)
+        with _quiet_transformers():
+            return train_causal_lm(
+                model,
+                data.train_blocks,
+                data.validation_blocks,
+                steps=steps,
+                batch_size=scale.batch_size,
+                learning_rate=scale.learning_rate,
+                warmup_steps=scale.warmup_steps,
+                weight_decay=scale.weight_decay,
+                max_grad_norm=MAX_GRAD_NORM,
+                seed=seed,
+                output_dir=run_dir,
+                save_total_limit=1,
+                resume=resume,
+                log=lambda line: log(f"  {MODELS[name]} {line}"),
+                **training_cadence(scale, steps),
+            )
+
+    if resume and latest_checkpoint(run_dir) is not None:
+        try:
+            return train(resume=True)
+        except (CannotResumeError, CheckpointError) as err:
+            log(f"  not resuming in {run_dir} ({one_line(err)}): training afresh")
+    return train(resume=False)
 
 
 def run_spec(name: str, fields: dict, data: StoryData, scale: StoriesScale, steps: int, seed: int) -> dict:
@@ -282,6 +267,8 @@ def run_spec(name: str, fields: dict, data: StoryData, scale: StoriesScale, step
     training = {k: getattr(scale, k) for k in ("batch_size", "learning_rate", "warmup_steps", "weight_decay")}
     curve = {k: getattr(scale, k) for k in ("curve_points", "eval_points")}
     return {
+        "trainer": TRAINER,
+        "max_grad_norm": MAX_GRAD_NORM,
         "model": name,
         "fields": fields,
         "data": data.fingerprint,
@@ -314,11 +301,8 @@ def train_or_load(name, fields, data, scale, steps, seed, runs_dir: Path, retrai
         return (*loaded, True)
     log(f"training {MODELS[name]}: {steps} steps × {scale.batch_size} blocks of {scale.context} tokens")
     started = time.perf_counter()
-    model, curve = train_model(name, fields, data, scale, steps, seed, run_dir)
+    # the model folder (save_pretrained, manifest, metrics.json) is train_causal_lm's; run.json marks it finished
+    model, curve = train_model(name, fields, data, scale, steps, seed, run_dir, resume=not retrain)
     seconds = time.perf_counter() - started
-    run_dir.mkdir(parents=True, exist_ok=True)
-    with quiet_progress():
-        model.save_pretrained(run_dir)
-    write_model_manifest(run_dir)
     write_run(run_dir, spec, record={**curve, "seconds": seconds})
     return model, {**curve, "seconds": seconds}, False

@@ -25,6 +25,8 @@ from hf_icl.reproduce.gd_icl.stories_claims import (
 )
 from hf_icl.reproduce.gd_icl.stories_training import MODELS, StoriesScale, prepare_data
 from hf_icl.reproduce.report import VERDICTS, Report, judge
+from hf_icl.training import lm_training
+from hf_icl.training.checkpoints import list_checkpoints
 
 TINY = StoriesScale(
     n_stories=40,
@@ -168,6 +170,45 @@ def test_runs_are_deterministic(tiny_run, tmp_path):
     again = run_tiny(tmp_path)  # trained afresh in another folder
     assert again.numbers["stories"]["perplexity"] == first.numbers["stories"]["perplexity"]
     assert again.numbers["stories"]["generations"] == first.numbers["stories"]["generations"]
+
+
+def test_the_runs_train_through_the_package_loop(tiny_run):
+    out, _, _ = tiny_run
+    for name in MODELS:
+        run_dir = out / "runs" / "stories" / name
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+        assert metrics["task"] == "causal_lm" and metrics["scalars"]["steps"] == TINY.steps
+        assert (run_dir / "manifest.json").is_file()
+        assert [step for step, _ in list_checkpoints(run_dir)] == [TINY.steps]  # the newest checkpoint kept
+        assert json.loads((run_dir / "run.json").read_text())["spec"]["trainer"] == stories_training.TRAINER
+
+
+def test_a_run_cut_short_resumes_from_its_newest_checkpoint(tiny_run, tmp_path, monkeypatch):
+    out, first, _ = tiny_run
+    original, calls = lm_training._CausalLMRun._optimizer_step, []
+
+    def cut_at_step_4(self):
+        if self.step == 4:
+            raise KeyboardInterrupt("cut short")
+        calls.append(self.step)
+        return original(self)
+
+    monkeypatch.setattr(lm_training._CausalLMRun, "_optimizer_step", cut_at_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run_tiny(tmp_path)  # the first model stops after 4 of its 6 steps
+
+    def counted(self):
+        calls.append(self.step)
+        return original(self)
+
+    monkeypatch.setattr(lm_training._CausalLMRun, "_optimizer_step", counted)
+    calls.clear()
+    again = run_tiny(tmp_path)
+    assert calls == [4, 5] + list(range(TINY.steps)) * 2  # the first model resumed at step 4, the others trained
+    assert again.numbers["stories"]["perplexity"] == first.numbers["stories"]["perplexity"]
+    for name in MODELS:  # bit-identical curves (seconds aside): the resumed run is the uninterrupted one
+        resumed, whole = again.numbers["stories"]["curves"][name], first.numbers["stories"]["curves"][name]
+        assert (resumed["train"], resumed["validation"]) == (whole["train"], whole["validation"])
 
 
 def test_greedy_generation_equals_an_argmax_loop(tiny_run):
