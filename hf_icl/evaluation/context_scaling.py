@@ -112,9 +112,11 @@ class ContextScalingResult:
         return rows_to_dataframe(self.rows)
 
     def to_markdown(self, positions: Sequence[int] | None = None) -> str:
-        """Rows: number of in-context examples (all positions by default); columns: predictors."""
+        """Rows: number of in-context examples (all positions by default); columns: predictors. The corner names
+        the metric with its normaliser (``examples \\ squared_error/d``), as every report does."""
         positions = range(self.n_points) if positions is None else positions
-        return markdown_grid("examples", self.predictors, positions, lambda i, name: self.cell(name, i))
+        corner = f"examples \\ {self.metric.name}"
+        return markdown_grid(corner, self.predictors, positions, lambda i, name: self.cell(name, i))
 
     def plot(self, path: str | Path, *, log_y: bool | None = None, title: str | None = None) -> Path:
         """Write the curves to a PNG: bands shaded, the trivial predictor dashed; returns ``path``.

@@ -440,7 +440,7 @@ def complete_checkpoint(
 
     def complete() -> None:
         write_manifest(staging, step, training_args)
-        _replace_dir(staging, final)
+        replace_dir(staging, final)
 
     _write_or_fail(accelerator, staging, step, complete if main else None)
     if main and save_total_limit is not None:
@@ -496,7 +496,7 @@ def _write_or_fail(accelerator, staging: Path, step: int, action) -> None:
     )
 
 
-def _replace_dir(staging: Path, final: Path) -> None:
+def replace_dir(staging: Path, final: Path) -> None:
     """Rename the complete ``staging`` folder to ``final``; a ``final`` already there is removed only once
     ``staging`` has taken its place (moved aside first, moved back if the rename fails)."""
     if not final.exists():

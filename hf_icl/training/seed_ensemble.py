@@ -21,8 +21,10 @@ before the update is applied, and every seed's parameters after it (:func:`stack
 fails stops training with :class:`~hf_icl.training.TrainingDivergedError` naming the seed, the step and what was
 not finite. :meth:`SeedEnsemble.save` writes each seed's model with ``save_pretrained`` into ``DIRECTORY/seed<seed>``
 with a model manifest (:func:`~hf_icl.modeling.model_folder.write_model_manifest`), which ``from_pretrained``
-verifies when the folder is loaded. It keeps no checkpoints (a reproduction's run is short and is trained again
-when it stops), hence no resume. Both live in :class:`StackedSeeds`, which
+verifies when the folder is loaded. :meth:`StackedSeeds.save_checkpoint` writes the trainer's kind of checkpoint
+(manifested safetensors and JSON, written then renamed: :mod:`.seed_checkpoints`) holding every seed, its optimizer
+state and the caller's own state (generator states, curves so far), and :meth:`StackedSeeds.load_checkpoint` resumes
+from one, bit for bit. All of it lives in :class:`StackedSeeds`, which
 :class:`~hf_icl.reproduce.gd_icl.GDConstructionEnsemble` (the gd-icl study's constructed models) shares.
 
 Example::
@@ -53,8 +55,9 @@ from ..files import apply_umask
 from ..modeling import build_model
 from ..modeling.model_folder import write_model_manifest
 from ..validation import check_float
-from .checkpoints import quiet_progress
+from .checkpoints import newest_finite_checkpoint, quiet_progress
 from .resume import TrainingDivergedError
+from .seed_checkpoints import load_stacked_checkpoint, save_stacked_checkpoint
 
 #: the small constant torch.nn.utils.clip_grad_norm_ adds to the norm before dividing by it
 CLIP_EPS = 1e-6
@@ -83,18 +86,33 @@ def clip_per_seed(grads: dict[str, torch.Tensor], max_norm: float) -> torch.Tens
     return norms
 
 
-def diverged(step: int, problems: dict[int, list[str]], outcome: str) -> TrainingDivergedError:
-    """The error of a stacked step at which the seeds in ``problems`` (seed -> what was not finite) diverged."""
+def diverged(
+    step: int, problems: dict[int, list[str]], outcome: str, checkpoints: Path | None = None
+) -> TrainingDivergedError:
+    """The error of a stacked step at which the seeds in ``problems`` (seed -> what was not finite) diverged; it names
+    the newest checkpoint with finite weights under ``checkpoints`` (a run's output folder, None: a run that keeps
+    none)."""
     which = "; ".join(f"seed {seed}: {', '.join(found)}" for seed, found in problems.items())
     seeds = ", ".join(str(seed) for seed in problems)
     return TrainingDivergedError(
         f"training diverged at step {step} (seed{'s' if len(problems) > 1 else ''} {seeds}): {which} ({outcome}). "
-        "A seed-stacked run keeps no checkpoints: train it again with a lower learning_rate or a smaller "
-        "max_grad_norm"
+        f"{_recovery(step, checkpoints)}"
     )
 
 
-def check_finite_step(seeds: Sequence[int], step: int, losses: torch.Tensor, norms: torch.Tensor) -> None:
+def _recovery(step: int, checkpoints: Path | None) -> str:
+    again = "train it again with a lower learning_rate or a smaller max_grad_norm"
+    if checkpoints is None:
+        return f"A seed-stacked run keeps no checkpoints: {again}"
+    found = newest_finite_checkpoint(checkpoints, before=step)
+    if found is None:
+        return f"No checkpoint under {checkpoints} holds finite weights: {again}"
+    return f"The newest checkpoint with finite weights is {found}; {again}"
+
+
+def check_finite_step(
+    seeds: Sequence[int], step: int, losses: torch.Tensor, norms: torch.Tensor, checkpoints: Path | None = None
+) -> None:
     """Raise :class:`~hf_icl.training.TrainingDivergedError` unless every seed's loss and gradient norm (``(S,)``
     each) are finite, naming each seed that failed and what was not (one device sync for both)."""
     values = torch.stack((losses.detach().double(), norms.detach().double())).tolist()
@@ -105,10 +123,12 @@ def check_finite_step(seeds: Sequence[int], step: int, losses: torch.Tensor, nor
         if found:
             problems[seed] = found
     if problems:
-        raise diverged(step, problems, "no update was applied")
+        raise diverged(step, problems, "no update was applied", checkpoints)
 
 
-def check_finite_parameters(seeds: Sequence[int], step: int, params: dict[str, torch.Tensor]) -> None:
+def check_finite_parameters(
+    seeds: Sequence[int], step: int, params: dict[str, torch.Tensor], checkpoints: Path | None = None
+) -> None:
     """Raise :class:`~hf_icl.training.TrainingDivergedError` unless every seed's parameters (dim 0 of every tensor)
     are finite, naming each seed that failed and its non-finite parameters (one device sync)."""
     finite = [torch.isfinite(p.detach()).reshape(len(p), -1).all(1) for p in params.values()]
@@ -119,7 +139,7 @@ def check_finite_parameters(seeds: Sequence[int], step: int, params: dict[str, t
         if not finite
     }
     if problems:
-        raise diverged(step, problems, "after the update")
+        raise diverged(step, problems, "after the update", checkpoints)
 
 
 def stacked_optimizer_step(
@@ -131,20 +151,22 @@ def stacked_optimizer_step(
     losses: torch.Tensor,
     seeds: Sequence[int],
     step: int,
+    checkpoints: Path | None = None,
 ) -> None:
     """One checked optimizer step of stacked seeds: clip each seed's gradient (``max_grad_norm`` > 0), check every
     seed's loss (``losses``, ``(S,)``) and gradient norm finite, hand the gradients to ``params``, step
     ``optimizer``, and check the parameters finite; a failed check raises
-    :class:`~hf_icl.training.TrainingDivergedError` naming the seed and ``step``."""
+    :class:`~hf_icl.training.TrainingDivergedError` naming the seed, ``step`` and the newest finite checkpoint under
+    ``checkpoints`` (the run's output folder, if it keeps checkpoints)."""
     norms = clip_per_seed(grads, max_grad_norm) if max_grad_norm > 0 else gradient_norms(grads)
-    check_finite_step(seeds, step, losses, norms)
+    check_finite_step(seeds, step, losses, norms, checkpoints)
     for name, param in params.items():
         # vmap can hand back a gradient in another memory layout than its parameter (wpe's comes transposed), and
         # fused AdamW (torch 2.13, CPU) then silently applies the wrong update: give it the parameter's layout
         param.grad = grads[name].contiguous()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    check_finite_parameters(seeds, step, params)
+    check_finite_parameters(seeds, step, params, checkpoints)
 
 
 def save_seed_models(directory: str | Path, seeds: Sequence[int], models: Sequence[torch.nn.Module]) -> list[Path]:
@@ -163,11 +185,12 @@ def save_seed_models(directory: str | Path, seeds: Sequence[int], models: Sequen
 
 class StackedSeeds(ABC):
     """What every seed-stacked model shares (:class:`SeedEnsemble`, and gd-icl's constructed models): the checked
-    step (:func:`stacked_optimizer_step`) and the manifested save (:func:`save_seed_models`).
+    step (:func:`stacked_optimizer_step`), the manifested save (:func:`save_seed_models`) and checkpoints
+    (:meth:`save_checkpoint`, :meth:`load_checkpoint`).
 
     A subclass sets ``seeds`` (a tuple), ``params`` (the stacked trainable tensors, seed on dim 0), ``optimizer``
     (over those tensors), ``max_grad_norm`` and ``steps_done = 0``, and implements :meth:`gradients` and
-    :meth:`models`.
+    :meth:`models`; one with further stacked state (untrained tensors, buffers) adds it in :meth:`stacked_tensors`.
     """
 
     seeds: tuple[int, ...]
@@ -175,6 +198,9 @@ class StackedSeeds(ABC):
     optimizer: torch.optim.Optimizer
     max_grad_norm: float
     steps_done: int
+    #: the output folder whose ``checkpoints/`` this run writes or resumed from (None: it keeps none); a divergence
+    #: error names the newest finite checkpoint there
+    checkpoint_root: Path | None = None
 
     @property
     def size(self) -> int:
@@ -205,6 +231,7 @@ class StackedSeeds(ABC):
             losses=losses,
             seeds=self.seeds,
             step=self.steps_done,
+            checkpoints=self.checkpoint_root,
         )
         return losses.detach()
 
@@ -212,6 +239,29 @@ class StackedSeeds(ABC):
         """Save every seed's model (:meth:`models`) into ``directory/seed<seed>`` with its model manifest
         (:func:`save_seed_models`); returns the folders."""
         return save_seed_models(directory, self.seeds, self.models())
+
+    def stacked_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """Every stacked tensor a checkpoint holds, by group (``params``: the trained ones); the very tensors the model
+        uses, so that loading a checkpoint fills them in place."""
+        return {"params": self.params}
+
+    def save_checkpoint(
+        self, output_dir: str | Path, extra=None, *, spec: dict | None = None, keep: int | None = None
+    ) -> Path:
+        """Write a checkpoint at :attr:`steps_done` into ``output_dir/checkpoints/step-N``: the stacked tensors, the
+        optimizer state, ``steps_done``, the caller's ``extra`` state (tensors and JSON values) and a manifest
+        holding ``spec`` (what a run must equal to resume from it); keep the newest ``keep`` (None: all). The format
+        and the guarantees: :mod:`hf_icl.training.seed_checkpoints`. Returns the folder."""
+        self.checkpoint_root = Path(output_dir)
+        return save_stacked_checkpoint(self, output_dir, spec=spec, extra=extra, keep=keep)
+
+    def load_checkpoint(self, directory: str | Path, *, spec: dict | None = None):
+        """Restore the tensors, the optimizer state and :attr:`steps_done` from the checkpoint folder ``directory``
+        (checked first: manifest, ``spec`` when given, seeds, shapes, finite weights; else a
+        :class:`~hf_icl.training.manifest.CheckpointError` naming it); returns its ``extra`` (None: none)."""
+        extra = load_stacked_checkpoint(self, directory, spec=spec)
+        self.checkpoint_root = Path(directory).parent.parent
+        return extra
 
 
 class SeedEnsemble(StackedSeeds):
@@ -264,6 +314,10 @@ class SeedEnsemble(StackedSeeds):
         self.steps_done = 0  # optimizer steps taken (the step a divergence error names)
         self._grads = vmap(grad_and_value(self._loss))
         self._predict = vmap(self._predictions, in_dims=(0, 0, 0, None, None))
+
+    def stacked_tensors(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The trained parameters, and the untrained ones and the buffers (seed on dim 0 of each)."""
+        return {"params": self.params, "frozen": self.frozen, "buffers": self.buffers}
 
     @staticmethod
     def _check_deterministic(model: torch.nn.Module) -> None:

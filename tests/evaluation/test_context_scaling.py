@@ -372,7 +372,7 @@ def test_rows_pandas_and_markdown_views():
     assert list(frame.columns) == ["predictor", "n_examples", "metric", "value", "lower", "upper"]
     assert frame.shape == (8, 6)
     lines = result.to_markdown(positions=[0, 3]).splitlines()
-    assert lines[0] == "| examples | half | trivial |"
+    assert lines[0] == "| examples \\ squared_error/d | half | trivial |"  # the metric and its normaliser named
     assert len(lines) == 4 and lines[3].startswith("| 3 | ")
     value = float(result.curves["half"][3])
     assert f"{value:.3g} [" in lines[3]

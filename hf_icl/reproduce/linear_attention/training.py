@@ -1,13 +1,15 @@
 """Training the study's groups: every seed of a group in lockstep as one
 :class:`~hf_icl.training.seed_ensemble.SeedEnsemble` (the seed-stacked trainer, with its finiteness checks), the
-groups in worker processes (one per core by default), each finished group saved (:class:`GroupResult`) and reused
-while its spec is unchanged; the statistics of its curves; and :class:`ExperimentState`, which trains an experiment's
+groups in worker processes (one per core by default), checkpointed as it trains and resumed when it stopped
+(:func:`train_group`), each finished group saved (:class:`GroupResult`, ``metrics.json``) and reused while its spec
+is unchanged; the statistics of its curves; and :class:`ExperimentState`, which trains an experiment's
 groups once."""
 
 from __future__ import annotations
 
 import math
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import as_completed
@@ -16,8 +18,12 @@ from pathlib import Path
 
 import torch
 
+from ...evaluation.runs import METRICS_FILE, write_metrics
+from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
+from ...training.seed_checkpoints import resumable_checkpoint
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
+from ...validation import one_line
 from ..report import Report, Subject, log, seed_interval, usable_cores
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
@@ -149,27 +155,108 @@ def group_ensemble(spec: GroupSpec) -> SeedEnsemble:
     )
 
 
-def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> GroupResult:
+#: checkpoints a group keeps while it trains (the newest; removed once the group is finished)
+KEEP_CHECKPOINTS = 2
+
+
+@dataclass
+class _Progress:
+    """What a group measured so far (the checkpoints' ``extra``): the evaluated steps, each evaluation's ``(S,)``
+    test and train losses, and the seconds spent training."""
+
+    steps: list[int] = field(default_factory=list)
+    test: list[torch.Tensor] = field(default_factory=list)
+    train: list[torch.Tensor] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def state(self) -> dict:
+        return {"steps": self.steps, "test": self.test, "train": self.train, "seconds": self.seconds}
+
+
+def default_checkpoint_every(spec: GroupSpec) -> int:
+    """A checkpoint every tenth of the run (at least every step of a run shorter than ten)."""
+    return max(1, spec.steps // 10)
+
+
+def _start(ensemble: SeedEnsemble, spec: GroupSpec, run_dir: Path, resume: bool) -> _Progress:
+    """The progress to go on from: the newest checkpoint of ``spec`` in ``run_dir`` (loaded into ``ensemble``) when
+    ``resume``, else none; checkpoints not resumed (another spec, a retrain) are removed so none mixes in."""
+    folder = resumable_checkpoint(run_dir, spec.to_dict()) if resume else None
+    if folder is None:
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        return _Progress()
+    try:
+        progress = _Progress(**ensemble.load_checkpoint(folder, spec=spec.to_dict()))
+    except (CheckpointError, TypeError) as err:  # TypeError: an extra of other fields
+        raise CheckpointError(
+            f"cannot resume {spec.name}: {one_line(err)}; delete {folder} or rerun with --retrain"
+        ) from None
+    log(f"  {spec.name}: resumed from {folder} at step {ensemble.steps_done}")
+    return progress
+
+
+def write_group_metrics(result: GroupResult, run_dir: Path) -> Path:
+    """``run_dir/metrics.json`` (:func:`~hf_icl.evaluation.runs.write_metrics`' format, no per-position evaluations:
+    the study scores the last query only). It holds ``group``, ``seeds``, ``per_seed`` (seed -> evaluation set ->
+    that seed's final loss: the mean query error over the set's prompts), ``curves`` (``steps`` and, per seed, the
+    ``test`` and ``train`` losses at those steps) and ``scalars`` (the mean over seeds of every final loss, the steps
+    and the training seconds)."""
+    spec = result.spec
+    finals = {name: result.final(name).tolist() for name in result.errors}
+    per_seed = {str(seed): {name: values[i] for name, values in finals.items()} for i, seed in enumerate(spec.seeds)}
+    curves = {"steps": result.steps, "test": result.test_curve.tolist(), "train": result.train_curve.tolist()}
+    scalars = {f"final_{name}_loss": sum(values) / len(values) for name, values in finals.items()}
+    return write_metrics(
+        run_dir / METRICS_FILE,
+        {},
+        model=RECIPES[spec.recipe].model_type,
+        task="linear_regression",
+        scalars={**scalars, "steps": spec.steps, "seconds": result.seconds},
+        group=spec.name,
+        seeds=list(spec.seeds),
+        per_seed=per_seed,
+        curves=curves,
+    )
+
+
+def train_group(
+    spec: GroupSpec,
+    run_dir: Path,
+    log_every: float = 30.0,
+    *,
+    checkpoint_every: int | None = None,
+    resume: bool = True,
+) -> GroupResult:
     """Train every seed of ``spec`` in lockstep, scoring the test and training prompts at step 0 and every
-    ``eval_steps`` steps; save the result and one ``save_pretrained`` model per seed (with its manifest) to
-    ``run_dir``."""
+    ``eval_steps`` steps; save the result, ``metrics.json`` (:func:`write_group_metrics`) and one ``save_pretrained``
+    model per seed (with its manifest) to ``run_dir``.
+
+    Every ``checkpoint_every`` steps (default :func:`default_checkpoint_every`) a checkpoint of every seed, its
+    optimizer and the curves so far goes to ``run_dir/checkpoints/step-N`` (the newest :data:`KEEP_CHECKPOINTS`
+    kept). With ``resume`` a run of the same spec that stopped goes on from its newest checkpoint, and ends with the
+    numbers and weights of a run never stopped (the batches are drawn by step); the checkpoints are removed once the
+    group is finished."""
     recipe = RECIPES[spec.recipe]
+    every = checkpoint_every or default_checkpoint_every(spec)
     ensemble = group_ensemble(spec)
     task, pool, sets = study_task(), training_prompts(spec), evaluation_sets(spec)
-    steps, test, train = [], [], []
 
     def record(step: int) -> None:
-        steps.append(step)
-        test.append(_score(ensemble, sets["test"]).mean(1))
-        train.append(_score(ensemble, sets["train"]).mean(1))
+        progress.steps.append(step)
+        progress.test.append(_score(ensemble, sets["test"]).mean(1))
+        progress.train.append(_score(ensemble, sets["train"]).mean(1))
 
     log(
         f"training {spec.name}: {recipe.model_type}, {len(spec.seeds)} seeds × {spec.steps} steps × "
         f"{spec.batch_size} prompts, width {spec.n_embd} (pid {os.getpid()}, {torch.get_num_threads()} threads)"
     )
-    started = last_log = time.perf_counter()
-    record(0)
-    for step in range(spec.steps):
+    progress = _start(ensemble, spec, run_dir, resume)
+    first = ensemble.steps_done
+    resumed = last_log = time.perf_counter()
+    started = resumed - progress.seconds  # the seconds of the run, however often it stopped
+    if first == 0:
+        record(0)
+    for step in range(first, spec.steps):
         ensemble.step(*draw_batches(task, pool, spec.batch_size, spec.seeds, step))
         done = step + 1
         if done % spec.eval_steps == 0 or done == spec.steps:
@@ -177,21 +264,26 @@ def train_group(spec: GroupSpec, run_dir: Path, log_every: float = 30.0) -> Grou
             now = time.perf_counter()
             if now - last_log >= log_every and done < spec.steps:
                 last_log = now
-                rate = done / (now - started)
+                rate = (done - first) / (now - resumed)
                 log(
                     f"  {spec.name}: step {done}/{spec.steps} ({rate:.1f} steps/s, about "
-                    f"{(spec.steps - done) / rate / 60:.1f} min left), test loss {float(test[-1].mean()):.4f}"
+                    f"{(spec.steps - done) / rate / 60:.1f} min left), test loss {float(progress.test[-1].mean()):.4f}"
                 )
+        if done % every == 0 and done < spec.steps:
+            progress.seconds = time.perf_counter() - started
+            ensemble.save_checkpoint(run_dir, progress.state(), spec=spec.to_dict(), keep=KEEP_CHECKPOINTS)
     result = GroupResult(
         spec,
-        steps,
-        torch.stack(test, 1),
-        torch.stack(train, 1),
+        progress.steps,
+        torch.stack(progress.test, 1),
+        torch.stack(progress.train, 1),
         {name: _score(ensemble, prompts) for name, prompts in sets.items()},
         time.perf_counter() - started,
     )
     ensemble.save(run_dir)
+    write_group_metrics(result, run_dir)
     result.save(run_dir)
+    shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)  # a finished run is reused, never resumed
     log(f"  {spec.name} done in {result.seconds / 60:.1f} min, test loss {float(result.final('test').mean()):.4f}")
     return result
 
@@ -200,18 +292,19 @@ def _finished(spec: GroupSpec, run_dir: Path) -> bool:
     return GroupResult.load(run_dir, spec) is not None
 
 
-def _train_in_worker(spec: dict, run_dir: str, threads: int) -> str:
+def _train_in_worker(spec: dict, run_dir: str, threads: int, resume: bool = True) -> str:
     """Entry point of a worker process (one per core by default)."""
     torch.set_num_threads(threads)
-    train_group(GroupSpec.from_dict(spec), Path(run_dir))
+    train_group(GroupSpec.from_dict(spec), Path(run_dir), resume=resume)
     return spec["recipe"] + f"_L{spec['depth']}"
 
 
 def run_groups(
     specs: Sequence[GroupSpec], runs_dir: Path, *, retrain: bool = False, workers: int | None = None
 ) -> dict[str, GroupResult]:
-    """Train the groups not already finished with the same spec (``retrain``: all of them), longest first, in
-    ``workers`` processes (default: one per core, each with one thread; 1: in this process); load every result."""
+    """Train the groups not already finished with the same spec (``retrain``: all of them, from the start; else a
+    group that stopped goes on from its newest checkpoint), longest first, in ``workers`` processes (default: one
+    per core, each with one thread; 1: in this process); load every result."""
     todo = [s for s in specs if retrain or not _finished(s, runs_dir / s.name)]
     for spec in specs:
         if spec not in todo:
@@ -222,12 +315,14 @@ def run_groups(
         log(f"{len(todo)} group(s) to train: {', '.join(s.name for s in todo)}")
     if workers <= 1:
         for spec in todo:
-            train_group(spec, runs_dir / spec.name)
+            train_group(spec, runs_dir / spec.name, resume=not retrain)
     else:
         threads = max(1, usable_cores() // workers)
         log(f"{len(todo)} groups in {workers} processes × {threads} threads")
         with worker_pool(workers) as pool:
-            jobs = [pool.submit(_train_in_worker, s.to_dict(), str(runs_dir / s.name), threads) for s in todo]
+            jobs = [
+                pool.submit(_train_in_worker, s.to_dict(), str(runs_dir / s.name), threads, not retrain) for s in todo
+            ]
             for job in as_completed(jobs):
                 job.result()  # re-raises a worker's error here
     return {spec.name: GroupResult.load(runs_dir / spec.name) for spec in specs}

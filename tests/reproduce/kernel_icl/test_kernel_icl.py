@@ -227,3 +227,51 @@ def test_pm_formats_a_missing_interval_without_nan():
 def test_mlp_steps_is_refused():
     with pytest.raises(ValueError, match="mlp_steps"):
         run_experiment("kernel-icl", "table1", mlp_steps=3, scale=TINY)
+
+
+def test_a_stopped_loop_resumes_to_the_uninterrupted_curves_and_weights(tmp_path, monkeypatch, capsys):
+    """Two groups in one loop, stopped in step 5 and run again: they resume from their step-4 checkpoints (the
+    shared generators restored) and end with the curves, weights and metrics.json of a loop never stopped."""
+    from safetensors.torch import load_file
+
+    from hf_icl.evaluation.runs import read_metrics
+    from hf_icl.reproduce.kernel_icl.training import _train_loop
+    from hf_icl.training.checkpoints import list_checkpoints
+    from hf_icl.training.run_cache import read_run
+
+    groups = [
+        kernel_icl.Group("head_1d", kernel_icl.group_model_config(TINY, 1, "softmax", False, 100)),
+        kernel_icl.Group("head_cosine", kernel_icl.group_model_config(TINY, 1, "cosine", False, 100)),
+    ]
+    training = kernel_icl.Training({"name": "sinusoid", "n_dims": 1}, 7, 8, 4)
+    _train_loop(TINY, groups, training, tmp_path / "whole", checkpoint_every=2)
+    original, calls = SeedEnsemble.step, [0]
+
+    def stopping_step(self, xs, ys):
+        if calls[0] == 9:  # the first group's step 5
+            raise KeyboardInterrupt("stopped")
+        calls[0] += 1
+        return original(self, xs, ys)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SeedEnsemble, "step", stopping_step)
+        with pytest.raises(KeyboardInterrupt):
+            _train_loop(TINY, groups, training, tmp_path / "stopped", checkpoint_every=2)
+    assert [step for step, _ in list_checkpoints(tmp_path / "stopped" / "head_cosine")] == [2, 4]
+    capsys.readouterr()
+    _train_loop(TINY, groups, training, tmp_path / "stopped", checkpoint_every=2)
+    assert "head_cosine: resumed from" in capsys.readouterr().out
+    for group in groups:
+        spec = training.spec(TINY, group)
+        whole, stopped = (read_run(tmp_path / run / group.name, spec) for run in ("whole", "stopped"))
+        assert torch.equal(whole.tensors["losses"], stopped.tensors["losses"])
+        for seed in TINY.seeds:
+            a, b = (
+                load_file(tmp_path / run / group.name / f"seed{seed}" / "model.safetensors")
+                for run in ("whole", "stopped")
+            )
+            assert all(torch.equal(a[key], b[key]) for key in a)
+        assert not (tmp_path / "stopped" / group.name / "checkpoints").exists()
+        metrics = read_metrics(tmp_path / "stopped" / group.name / "metrics.json")
+        assert metrics["curves"]["train"] == whole.tensors["losses"].T.tolist()
+        assert metrics["per_seed"][str(TINY.seeds[1])]["final_train_loss"] == float(whole.tensors["losses"][-1, 1])

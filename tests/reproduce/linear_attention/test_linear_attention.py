@@ -346,3 +346,78 @@ def test_cli_and_script(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_path(str(script), run_name="__main__")
     assert exit_.value.code == 2
+
+
+# -- checkpoints and resume ------------------------------------------------------------------------------------------
+def interrupted_at(monkeypatch, calls: int):
+    """Make the ensemble's step raise once it has run ``calls`` times (a run stopped mid-way)."""
+    from hf_icl.training.seed_ensemble import SeedEnsemble
+
+    original, count = SeedEnsemble.step, [0]
+
+    def step(self, xs, ys):
+        if count[0] == calls:
+            raise KeyboardInterrupt("stopped")
+        count[0] += 1
+        return original(self, xs, ys)
+
+    monkeypatch.setattr(SeedEnsemble, "step", step)
+
+
+def test_a_stopped_group_resumes_to_the_uninterrupted_numbers_and_weights(tmp_path, monkeypatch, capsys):
+    from safetensors.torch import load_file
+
+    from hf_icl.evaluation.runs import read_metrics
+    from hf_icl.training.checkpoints import list_checkpoints
+
+    spec = next(s for s in la.group_specs(TOY, steps=6) if s.recipe == "linear" and s.depth == 1)
+    whole = la.train_group(spec, tmp_path / "whole", checkpoint_every=2)
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            la.train_group(spec, tmp_path / "stopped", checkpoint_every=2)
+    assert [step for step, _ in list_checkpoints(tmp_path / "stopped")] == [2, 4]
+    assert not (tmp_path / "stopped" / "run.json").exists()
+    capsys.readouterr()
+    resumed = la.train_group(spec, tmp_path / "stopped", checkpoint_every=2)
+    assert f"resumed from {tmp_path / 'stopped' / 'checkpoints' / 'step-00000004'} at step 4" in capsys.readouterr().out
+    assert resumed.steps == whole.steps == list(range(7))
+    assert torch.equal(resumed.test_curve, whole.test_curve) and torch.equal(resumed.train_curve, whole.train_curve)
+    assert all(torch.equal(resumed.errors[name], errors) for name, errors in whole.errors.items())
+    for seed in spec.seeds:
+        a, b = (load_file(tmp_path / run / f"seed{seed}" / "model.safetensors") for run in ("whole", "stopped"))
+        assert all(torch.equal(a[key], b[key]) for key in a)
+    assert not (tmp_path / "stopped" / "checkpoints").exists()  # a finished run is reused, never resumed
+    metrics = read_metrics(tmp_path / "stopped" / "metrics.json")
+    assert metrics["seeds"] == list(spec.seeds) and metrics["curves"]["steps"] == list(range(7))
+    assert metrics["per_seed"]["2"]["test"] == pytest.approx(float(whole.final("test")[1]))
+    assert metrics["curves"]["test"] == whole.test_curve.tolist()
+    assert metrics["scalars"]["final_test_loss"] == pytest.approx(float(whole.final("test").mean()))
+
+
+def test_checkpoints_of_another_spec_or_a_retrain_are_not_resumed(tmp_path, monkeypatch, capsys):
+    spec = next(s for s in la.group_specs(TOY, steps=4) if s.recipe == "linear" and s.depth == 1)
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            la.train_group(spec, tmp_path, checkpoint_every=1)
+    capsys.readouterr()
+    la.train_group(replace(spec, test_prompts=spec.test_prompts // 2), tmp_path, checkpoint_every=1)
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            la.train_group(spec, tmp_path, checkpoint_every=1)
+    la.train_group(spec, tmp_path, checkpoint_every=1, resume=False)
+    assert "resumed" not in capsys.readouterr().out
+
+
+def test_a_damaged_checkpoint_stops_the_resume_naming_it(tmp_path, monkeypatch):
+    spec = next(s for s in la.group_specs(TOY, steps=4) if s.recipe == "linear" and s.depth == 1)
+    with monkeypatch.context() as patch:
+        interrupted_at(patch, 3)
+        with pytest.raises(KeyboardInterrupt):
+            la.train_group(spec, tmp_path, checkpoint_every=2)
+    folder = tmp_path / "checkpoints" / "step-00000002"
+    (folder / "optimizer.safetensors").write_bytes(b"\0" * 16)
+    with pytest.raises(ValueError, match=f"cannot resume {spec.name}: checkpoint {folder}.*--retrain"):
+        la.train_group(spec, tmp_path, checkpoint_every=2)
