@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import copy
 
 from hf_icl_cli.argument_types import below_minimum
 
@@ -47,3 +48,22 @@ class OptionParser(argparse.ArgumentParser):
             if refusal is not None:
                 raise ValueError(refusal)  # the command's one-line error, as every other value check
         return namespace, rest
+
+
+class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" unless the help already says what the default is or there is none (None)."""
+
+    def _get_help_string(self, action):
+        if action.default is None or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+    def _format_action(self, action):
+        if not action.help and action.option_strings and action.default not in (None, False, argparse.SUPPRESS):
+            action = copy.copy(action)  # an option without help still says its default
+            action.help = "(default: %(default)s)"
+        return super()._format_action(action)
+
+
+class RawDescriptionDefaultsFormatter(argparse.RawDescriptionHelpFormatter, DefaultsFormatter):
+    """A description printed as written (a module docstring with its examples) and every option's default."""

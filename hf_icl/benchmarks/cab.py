@@ -106,9 +106,7 @@ SMOKE = {
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = BenchParser(
-        prog="hf-icl bench cab", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench cab", description=__doc__)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--smoke", action="store_true", help="tiny shapes through every section (CI / interpreter)")
     parser.add_argument("--lengths", type=int, nargs="+")

@@ -41,9 +41,7 @@ SLOW = [
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = BenchParser(
-        prog="hf-icl bench estimators", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench estimators", description=__doc__)
     parser.add_argument("--batch", type=int, default=1280, help="prompts per batch (B)")
     parser.add_argument("--n-points", type=int, default=41, help="examples per prompt (N)")
     parser.add_argument("--n-dims", type=int, default=20, help="input dimension (d)")

@@ -6,12 +6,16 @@ from __future__ import annotations
 import argparse
 from collections.abc import Mapping
 
-from ..options import OptionParser
+from ..options import OptionParser, RawDescriptionDefaultsFormatter
 from ..validation import check_device, check_float, check_int, check_memory
 
 
 class BenchParser(OptionParser):
-    """A benchmark's parser: its errors are one line (no usage block), exit status 2."""
+    """A benchmark's parser: its description as written, every option's default in its help, errors on one line (no
+    usage block), exit status 2."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, formatter_class=RawDescriptionDefaultsFormatter, **kwargs)
 
     def error(self, message: str):
         self.exit(2, f"{self.prog}: error: {message}\n")

@@ -99,9 +99,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = BenchParser(
-        prog="hf-icl bench linear-attention", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench linear-attention", description=__doc__)
     cuda = torch.cuda.is_available()
     parser.add_argument("--device", default="cuda" if cuda else "cpu", choices=["cpu", "cuda"])
     parser.add_argument("--lengths", type=_int_list, default=None, help="T values, e.g. 1024,4096 (default: by device)")

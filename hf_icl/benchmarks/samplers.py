@@ -5,8 +5,6 @@ hf-icl bench samplers --batch-size 1280 --n-points 41 --n-dims 20 --output docs/
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 
 from hf_icl.data.tasks import available_tasks, get_task
@@ -31,9 +29,7 @@ def time_family(name: str, args) -> tuple[int, float]:
 
 
 def main(argv=None) -> str:
-    parser = BenchParser(
-        prog="hf-icl bench samplers", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench samplers", description=__doc__)
     parser.add_argument("--batch-size", type=int, default=1280)
     parser.add_argument("--n-points", type=int, default=41)
     parser.add_argument("--n-dims", type=int, default=20)

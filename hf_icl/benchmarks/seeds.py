@@ -10,7 +10,6 @@ final model folders; the bench also checks each stacked seed's weights equal its
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import statistics
@@ -113,9 +112,7 @@ def measure(args, model_type: str, mode: str, root: Path) -> tuple[float, float,
 
 
 def main(argv=None) -> str:
-    parser = BenchParser(
-        prog="hf-icl bench seeds", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench seeds", description=__doc__)
     parser.add_argument("--seeds", type=int, default=3, help="seeds per run (at least 2)")
     parser.add_argument("--steps", type=int, default=50, help="optimizer steps of every run")
     parser.add_argument("--batch-size", type=int, default=16)

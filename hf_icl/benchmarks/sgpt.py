@@ -63,9 +63,7 @@ _POSITIVE = ("n_embd", "n_layer", "n_head", "n_dims", "n_points", "batch", "repe
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = BenchParser(
-        prog="hf-icl bench sgpt", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench sgpt", description=__doc__)
     parser.add_argument("--n-embd", type=int, default=256, help="width of every model (default: the document's 256)")
     parser.add_argument("--n-layer", type=int, default=8, help="depth of every model (default: the document's 8)")
     parser.add_argument("--n-head", type=int, default=8, help="GPT-2's attention heads (SGPT has none)")

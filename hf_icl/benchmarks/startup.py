@@ -10,7 +10,6 @@ hf-icl bench startup --repeats 7 --output docs/results/startup.md
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -50,9 +49,7 @@ def measure(repeats: int) -> dict[str, float]:
 
 
 def main(argv=None) -> str:
-    parser = BenchParser(
-        prog="hf-icl bench startup", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+    parser = BenchParser(prog="hf-icl bench startup", description=__doc__)
     parser.add_argument("--repeats", type=int, default=5, help="fresh interpreters per case")
     parser.add_argument("--output", default=None, help="append the markdown table to this file")
     args = parser.parse_args(argv)

@@ -4,23 +4,13 @@ one line on stderr with exit status 2. Also the help formatter the command parse
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..options import DefaultsFormatter
 from ..validation import one_line
-
-
-class DefaultsFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" unless the help already says what the default is or there is none (None)."""
-
-    def _get_help_string(self, action):
-        if action.default is None or "default" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
 
 #: the width stored help texts are rendered at (argparse reads COLUMNS)
 HELP_WIDTH = 100
