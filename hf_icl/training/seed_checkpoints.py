@@ -17,12 +17,17 @@ Loading verifies the manifest, the spec, the kind and seeds, every tensor's name
 weight is finite, before it changes anything; a checkpoint that fails is a one-line
 :class:`~hf_icl.training.manifest.CheckpointError` naming its folder. Since the weights file is ``model.safetensors``,
 :func:`~hf_icl.training.checkpoints.newest_finite_checkpoint` reads these checkpoints as it reads the trainer's.
+
+Several stacks trained in one loop on shared batches (the kernel-icl and gd-icl studies) resume together at one step:
+:func:`common_resume_step` finds the newest step every one of them has a checkpoint of and removes the checkpoints
+that will not be resumed.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +112,27 @@ def resumable_checkpoint(output_dir: str | Path, spec: dict) -> Path | None:
     """The newest checkpoint under ``output_dir/checkpoints`` written for ``spec``; None if there is none."""
     found = checkpoints_of(output_dir, spec)
     return found[-1][1] if found else None
+
+
+def common_resume_step(output_dirs: Sequence[str | Path], specs: Sequence[dict], *, resume: bool = True) -> int | None:
+    """The step a loop training several stacks in lockstep resumes at: the newest step at which every
+    ``output_dirs[i]`` has a checkpoint written for ``specs[i]``; None when there is none (or an empty loop), or when
+    not ``resume``. Every checkpoint that will not be resumed is removed (with None every ``checkpoints`` folder, else
+    the checkpoints of every other step), so none of another spec, a retrained run or a step one stack never reached
+    mixes in later; load each stack from ``checkpoint_dir(output_dirs[i], step)``."""
+    if len(output_dirs) != len(specs):
+        raise ValueError(f"one spec per output folder: got {len(output_dirs)} folders and {len(specs)} specs")
+    steps = [{step for step, _ in checkpoints_of(d, spec)} for d, spec in zip(output_dirs, specs, strict=True)]
+    common = set.intersection(*steps) if resume and steps else set()
+    step = max(common) if common else None
+    for output_dir in output_dirs:
+        if step is None:
+            shutil.rmtree(Path(output_dir) / "checkpoints", ignore_errors=True)
+            continue
+        for other, path in list_checkpoints(output_dir):
+            if other != step:
+                shutil.rmtree(path, ignore_errors=True)
+    return step
 
 
 def _spec_or_none(directory: Path) -> dict | None:

@@ -1,14 +1,16 @@
 """Training the gd-icl study's models: GD models as the construction with only ``W_e``, η and h learned
 (:class:`GDConstructionEnsemble`), models trained from scratch as stacked seeds
 (:class:`~hf_icl.training.seed_ensemble.SeedEnsemble`), in lockstep per prompt stream, dealt to worker processes,
-saved per seed (``save_pretrained`` and a model manifest) and reused while their spec (:func:`~.specs.training_spec`)
-is unchanged (:func:`train_models`). Both kinds step through
+saved per seed (``save_pretrained`` and a model manifest, with ``metrics.json``) and reused while their spec
+(:func:`~.specs.training_spec`) is unchanged (:func:`train_models`); checkpointed as they train and resumed, bit for
+bit, when a stream's training stopped (:func:`_train_stream`). Both kinds step through
 :func:`~hf_icl.training.seed_ensemble.stacked_optimizer_step`, which checks every seed's loss, gradient norm and
 parameters finite (else :class:`~hf_icl.training.TrainingDivergedError` naming the seed and the step)."""
 
 from __future__ import annotations
 
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -17,10 +19,14 @@ import torch
 from torch.func import functional_call, grad_and_value, vmap
 
 from ...data.episodes import digit_features, sample_episodes
+from ...evaluation.runs import METRICS_FILE, write_metrics
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
+from ...training.checkpoints import checkpoint_dir
+from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
+from ...training.seed_checkpoints import common_resume_step
 from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
-from ...validation import check_float, check_int
+from ...validation import check_float, check_int, one_line
 from ..report import log, usable_cores
 from ..workers import worker_pool
 from .specs import (
@@ -181,9 +187,16 @@ class GDConstructionEnsemble(StackedSeeds):
         ]
 
 
-def _batches(scale: Scale, stream: Stream):
-    """An endless iterator of ``(xs (S, B, N, d), ys (S, B, N))``: one batch per seed, each seed its own stream."""
-    generators = [torch.Generator().manual_seed(BATCH_STREAM + seed) for seed in scale.seeds]
+def batch_generators(scale: Scale) -> list[torch.Generator]:
+    """The generators of every seed's training batches, at the start of its stream."""
+    return [torch.Generator().manual_seed(BATCH_STREAM + seed) for seed in scale.seeds]
+
+
+def _batches(scale: Scale, stream: Stream, generators: Sequence[torch.Generator] | None = None):
+    """An endless iterator of ``(xs (S, B, N, d), ys (S, B, N))``: one batch per seed, each seed its own stream,
+    drawn from ``generators`` (default: :func:`batch_generators`; the caller may read and set their states between
+    batches to checkpoint and resume the stream)."""
+    generators = batch_generators(scale) if generators is None else list(generators)
     if stream.experiment == "synthetic":
         s = scale.synthetic
         if s.training_set == "task_pool":
@@ -231,14 +244,101 @@ def _trainer(scale: Scale, stream: Stream, spec: ModelSpec):
     )  # fmt: skip
 
 
-def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs_dir: Path) -> None:
-    """Train ``specs`` in lockstep on one stream's batches (each model for its own number of steps) and save them."""
+#: checkpoints each model keeps while it trains (the newest; removed once the model is finished)
+KEEP_CHECKPOINTS = 2
+
+
+def default_checkpoint_every(spec: ModelSpec) -> int:
+    """A checkpoint every tenth of the model's steps (at least every step of a model trained for fewer than ten)."""
+    return max(1, spec.steps // 10)
+
+
+def _checkpoint_step(step: int, specs: Sequence[ModelSpec]) -> bool:
+    """Whether the models of a stream still training at ``step`` write checkpoints there: at every tenth of each
+    unfinished model's steps, all of them at once, so that they always share a step to resume at."""
+    return any(step < spec.steps and step % default_checkpoint_every(spec) == 0 for spec in specs)
+
+
+def write_model_metrics(
+    run_dir: Path, scale: Scale, stream: Stream, spec: ModelSpec, trainer, losses: torch.Tensor
+) -> Path:
+    """``run_dir/metrics.json`` (:func:`~hf_icl.evaluation.runs.write_metrics`' format, no evaluations: the study
+    scores the models itself): ``stream``, ``spec`` (the model), ``seeds``, ``per_seed`` (seed ->
+    ``final_train_loss``, its mean training loss over the last tenth of the steps, and for a GD model its learned
+    ``step_size``, ``bandwidth`` and ``embedding_norm``), ``curves`` (``train``: per seed, the loss of every step) and
+    ``scalars`` (the mean over seeds of the final training loss, the steps). ``losses`` is ``(steps, S)``."""
+    final = losses[-default_checkpoint_every(spec) :].mean(0).tolist()
+    learned = trainer.learned() if isinstance(trainer, GDConstructionEnsemble) else [{} for _ in scale.seeds]
+    per_seed = {
+        str(seed): {"final_train_loss": loss, **values}
+        for seed, loss, values in zip(scale.seeds, final, learned, strict=True)
+    }
+    return write_metrics(
+        run_dir / METRICS_FILE,
+        {},
+        model="gd_transformer",
+        task=stream.experiment,
+        scalars={"final_train_loss": sum(final) / len(final), "steps": spec.steps},
+        stream=stream.name,
+        spec=spec.name,
+        seeds=list(scale.seeds),
+        per_seed=per_seed,
+        curves={"window": 1, "train": losses.T.tolist()},
+    )
+
+
+def _resume(trainers, curves, generators, run_dirs, run_specs, names, resume: bool) -> int:
+    """The step the stream goes on from: the newest one every model has a checkpoint of (loaded into ``trainers``,
+    ``curves`` and the batch ``generators``) when ``resume``, else 0
+    (:func:`~hf_icl.training.seed_checkpoints.common_resume_step` removes the checkpoints not resumed)."""
+    step = common_resume_step(run_dirs, run_specs, resume=resume)
+    if step is None:
+        return 0
+    states = None
+    for i, (trainer, run_dir, run_spec, name) in enumerate(zip(trainers, run_dirs, run_specs, names, strict=True)):
+        folder = checkpoint_dir(run_dir, step)
+        try:
+            extra = trainer.load_checkpoint(folder, spec=run_spec)
+            losses, saved = extra["losses"], extra["generators"]
+            if not isinstance(losses, torch.Tensor) or losses.shape != (step, len(trainer.seeds)):
+                raise ValueError(f"its losses are not one per step and seed ({step}, {len(trainer.seeds)})")
+            if states is not None and not all(torch.equal(a, b) for a, b in zip(states, saved, strict=True)):
+                raise ValueError(f"its batch stream is not the other models' at step {step}")
+            states = saved
+        except (CheckpointError, KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(
+                f"cannot resume {name}: {one_line(err)}; delete {folder} or rerun with --retrain"
+            ) from None
+        curves[i] = list(losses.unbind(0))
+        log(f"  {name}: resumed from {folder} at step {step}")
+    for generator, state in zip(generators, states, strict=True):
+        generator.set_state(state)
+    return step
+
+
+def _train_stream(
+    scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs_dir: Path, *, resume: bool = True
+) -> None:
+    """Train ``specs`` in lockstep on one stream's batches (each model for its own number of steps) and save each
+    model once it is finished: its seeds (``runs_dir/STREAM/MODEL/seed<seed>``), ``metrics.json``
+    (:func:`write_model_metrics`) and ``run.json`` with the loss of every step.
+
+    At every tenth of each unfinished model's steps (:func:`_checkpoint_step`) every unfinished model writes a
+    checkpoint (its seeds, optimizer, losses so far and the batch generators' states) into
+    ``runs_dir/STREAM/MODEL/checkpoints`` (the newest :data:`KEEP_CHECKPOINTS` kept); with ``resume`` a stream that
+    stopped goes on from the newest step every model has a checkpoint of, and ends with the losses and weights of a
+    stream never stopped. A model's checkpoints are removed once it is saved."""
     trainers = [_trainer(scale, stream, spec) for spec in specs]
-    batches = _batches(scale, stream)
-    steps = max(spec.steps for spec in specs)
+    run_dirs = [runs_dir / stream.name / spec.name for spec in specs]
+    run_specs = [training_spec(scale, stream, spec) for spec in specs]
+    names = [f"{stream.name}/{spec.name}" for spec in specs]
+    generators = batch_generators(scale)
     curves: list[list[torch.Tensor]] = [[] for _ in specs]
+    first = _resume(trainers, curves, generators, run_dirs, run_specs, names, resume)
+    batches = _batches(scale, stream, generators)
+    steps = max(spec.steps for spec in specs)
     clock = time.perf_counter()
-    for step in range(1, steps + 1):
+    for step in range(first + 1, steps + 1):
         xs, ys = next(batches)
         for spec, trainer, curve in zip(specs, trainers, curves, strict=True):
             if step <= spec.steps:
@@ -250,10 +350,18 @@ def _train_stream(scale: Scale, stream: Stream, specs: Sequence[ModelSpec], runs
                 if step <= spec.steps
             )
             log(f"  {stream.name} step {step}/{steps} ({time.perf_counter() - clock:.0f} s): {losses}")
-    for spec, trainer, curve in zip(specs, trainers, curves, strict=True):
-        run_dir = runs_dir / stream.name / spec.name
-        trainer.save(run_dir)
-        write_run(run_dir, training_spec(scale, stream, spec), tensors={"losses": torch.stack(curve)})
+        checkpoint = _checkpoint_step(step, specs)
+        states = [g.get_state() for g in generators] if checkpoint else None
+        for spec, trainer, curve, run_dir, run_spec in zip(specs, trainers, curves, run_dirs, run_specs, strict=True):
+            if checkpoint and step < spec.steps:
+                extra = {"generators": states, "losses": torch.stack(curve)}
+                trainer.save_checkpoint(run_dir, extra, spec=run_spec, keep=KEEP_CHECKPOINTS)
+            elif step == spec.steps:  # finished: saved now, reused from here on, never resumed
+                losses = torch.stack(curve)
+                trainer.save(run_dir)
+                write_model_metrics(run_dir, scale, stream, spec, trainer, losses)
+                write_run(run_dir, run_spec, tensors={"losses": losses})
+                shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
 
 
 def _load_run(scale: Scale, stream: Stream, spec: ModelSpec, runs_dir: Path):
@@ -267,15 +375,17 @@ def _load_run(scale: Scale, stream: Stream, spec: ModelSpec, runs_dir: Path):
     return [AutoModel.from_pretrained(run_dir / f"seed{seed}").eval() for seed in scale.seeds]
 
 
-def _train_in_worker(scale: Scale, jobs: list[tuple[Stream, ModelSpec]], runs_dir: str, threads: int) -> None:
+def _train_in_worker(
+    scale: Scale, jobs: list[tuple[Stream, ModelSpec]], runs_dir: str, threads: int, resume: bool = True
+) -> None:
     torch.set_num_threads(threads)
-    _train_jobs(scale, jobs, Path(runs_dir))
+    _train_jobs(scale, jobs, Path(runs_dir), resume=resume)
 
 
-def _train_jobs(scale: Scale, jobs: Sequence[tuple[Stream, ModelSpec]], runs_dir: Path) -> None:
+def _train_jobs(scale: Scale, jobs: Sequence[tuple[Stream, ModelSpec]], runs_dir: Path, *, resume: bool = True) -> None:
     streams = list(dict.fromkeys(stream for stream, _ in jobs))
     for stream in streams:
-        _train_stream(scale, stream, [spec for s, spec in jobs if s == stream], runs_dir)
+        _train_stream(scale, stream, [spec for s, spec in jobs if s == stream], runs_dir, resume=resume)
 
 
 def train_models(
@@ -286,7 +396,9 @@ def train_models(
     workers: int | None = None,
 ) -> dict[tuple[Stream, ModelSpec], list[torch.nn.Module]]:
     """Train every ``(stream, model)`` job for every seed, reusing finished runs with the same spec; returns the
-    models per seed. Pending jobs are dealt to ``workers`` processes (default one per core) by their cost."""
+    models per seed. Pending jobs are dealt to ``workers`` processes (default one per core) by their cost; a stream
+    that stopped goes on from its checkpoints (:func:`_train_stream`), except with ``retrain``: then every job is
+    trained from the start."""
     pending = [job for job in jobs if retrain or _load_run(scale, *job, runs_dir) is None]
     for job in jobs:
         if job not in pending:
@@ -295,7 +407,7 @@ def train_models(
     if pending:
         log(f"training {len(pending)} model(s) × {len(scale.seeds)} seeds in {max(workers, 1)} process(es)")
     if workers == 1:
-        _train_jobs(scale, pending, runs_dir)
+        _train_jobs(scale, pending, runs_dir, resume=not retrain)
     elif workers > 1:
         shares: list[list] = [[] for _ in range(workers)]
         loads = [0.0] * workers
@@ -305,7 +417,9 @@ def train_models(
             loads[i] += job[1].cost
         threads = max(1, usable_cores() // workers)
         with worker_pool(workers) as pool:
-            futures = [pool.submit(_train_in_worker, scale, share, str(runs_dir), threads) for share in shares]
+            futures = [
+                pool.submit(_train_in_worker, scale, share, str(runs_dir), threads, not retrain) for share in shares
+            ]
             for future in futures:
                 future.result()
     return {job: _load_run(scale, *job, runs_dir) for job in jobs}

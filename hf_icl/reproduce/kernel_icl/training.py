@@ -17,7 +17,7 @@ from ...evaluation.runs import METRICS_FILE, write_metrics
 from ...training.checkpoints import checkpoint_dir, quiet_progress
 from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
-from ...training.seed_checkpoints import checkpoints_of
+from ...training.seed_checkpoints import common_resume_step
 from ...training.seed_ensemble import SeedEnsemble
 from ...validation import one_line
 from ..report import log, usable_cores
@@ -70,23 +70,12 @@ class _LoopState:
         self.window = extra["window"]
 
 
-def _common_step(groups: Sequence[Group], specs: Sequence[dict], runs_dir: Path) -> int | None:
-    """The newest step at which every group has a checkpoint of its spec (the loop resumes all its groups at one
-    step); None if there is none."""
-    steps = [
-        {step for step, _ in checkpoints_of(runs_dir / g.name, spec)} for g, spec in zip(groups, specs, strict=True)
-    ]
-    common = set.intersection(*steps) if steps else set()
-    return max(common) if common else None
-
-
 def _resume(state: _LoopState, ensembles, groups, specs, runs_dir: Path, resume: bool) -> None:
-    """Load every group's checkpoint of the newest common step into ``ensembles`` and ``state`` when ``resume``; else
-    (or with none) remove the groups' checkpoints, so none of another spec or a retrained run mixes in."""
-    step = _common_step(groups, specs, runs_dir) if resume else None
+    """Load every group's checkpoint of the newest step all groups share into ``ensembles`` and ``state`` when
+    ``resume`` (:func:`~hf_icl.training.seed_checkpoints.common_resume_step`, which removes the checkpoints not
+    resumed, so none of another spec or a retrained run mixes in)."""
+    step = common_resume_step([runs_dir / g.name for g in groups], specs, resume=resume)
     if step is None:
-        for group in groups:
-            shutil.rmtree(runs_dir / group.name / "checkpoints", ignore_errors=True)
         return
     for i, (group, ensemble, spec) in enumerate(zip(groups, ensembles, specs, strict=True)):
         folder = checkpoint_dir(runs_dir / group.name, step)

@@ -163,6 +163,130 @@ def test_a_changed_spec_retrains_and_two_processes_train_what_one_would(finished
             assert torch.equal(a(xs, ys).logits, b(xs, ys).logits)
 
 
+# -- checkpoints: a stream that stopped resumes bit for bit --------------------------------------------------------
+RESUMED_JOBS = [
+    (gd_icl.Stream("synthetic", 20), gd_icl.ModelSpec("gd", "rbf", 1, 12, 1e-2)),  # a checkpoint every step
+    (gd_icl.Stream("synthetic", 20), gd_icl.ModelSpec("trained", "rbf", 1, 20, 1e-3)),  # every second step
+]
+
+
+def _stopping_step(monkeypatch, stop_at: int, seen: list | None = None):
+    """Patch the trained model's step to raise in its ``stop_at``-th call (the GD model has taken that step)."""
+    original, calls = gd_icl.SeedEnsemble.step, [0]
+
+    def step(self, xs, ys):
+        calls[0] += 1
+        if seen is not None:
+            seen.append(calls[0])
+        if calls[0] == stop_at:
+            raise KeyboardInterrupt("stopped")
+        return original(self, xs, ys)
+
+    monkeypatch.setattr(gd_icl.SeedEnsemble, "step", step)
+
+
+def _assert_same_runs(whole, other):
+    from safetensors.torch import load_file
+
+    from hf_icl.evaluation.runs import read_metrics
+    from hf_icl.training.run_cache import read_run
+
+    for stream, spec in RESUMED_JOBS:
+        run_spec = gd_icl.training_spec(TINY, stream, spec)
+        a, b = (read_run(runs / stream.name / spec.name, run_spec) for runs in (whole, other))
+        assert a.tensors["losses"].shape == (spec.steps, len(TINY.seeds))
+        assert torch.equal(a.tensors["losses"], b.tensors["losses"])
+        for seed in TINY.seeds:
+            wa, wb = (
+                load_file(runs / stream.name / spec.name / f"seed{seed}" / "model.safetensors")
+                for runs in (whole, other)
+            )
+            assert sorted(wa) == sorted(wb) and all(torch.equal(wa[key], wb[key]) for key in wa)
+        assert not (other / stream.name / spec.name / "checkpoints").exists()
+        metrics = read_metrics(other / stream.name / spec.name / "metrics.json")
+        assert metrics == read_metrics(whole / stream.name / spec.name / "metrics.json")
+        assert metrics["curves"]["train"] == a.tensors["losses"].T.tolist()
+        assert metrics["seeds"] == list(TINY.seeds) and metrics["stream"] == "L20" and metrics["spec"] == spec.name
+    metrics = read_metrics(other / "L20" / "gd_rbf_1" / "metrics.json")
+    assert {"final_train_loss", "step_size", "bandwidth", "embedding_norm"} <= set(metrics["per_seed"]["3"])
+
+
+def test_a_stopped_stream_resumes_to_the_uninterrupted_losses_and_weights(tmp_path, monkeypatch, capsys):
+    """The GD model (12 steps) and the trained model (20) of one stream checkpoint together at every tenth of either
+    unfinished model's steps (every step up to 11, then every second). Stopped in step 7, the stream resumes both at
+    step 6 (the batch generators restored); stopped again in step 15, after the GD model was finished and saved, the
+    trained model resumes alone at step 14; both end with the losses, weights and metrics.json of a stream never
+    stopped, their checkpoints removed."""
+    from hf_icl.training.checkpoints import list_checkpoints
+
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    gd_icl.train_models(TINY, RESUMED_JOBS, whole, workers=1)
+    gd_dir, trained_dir = stopped / "L20" / "gd_rbf_1", stopped / "L20" / "trained_rbf_1"
+    with monkeypatch.context() as patch:
+        _stopping_step(patch, 7)
+        with pytest.raises(KeyboardInterrupt):
+            gd_icl.train_models(TINY, RESUMED_JOBS, stopped, workers=1)
+    assert [step for step, _ in list_checkpoints(gd_dir)] == [5, 6]
+    assert [step for step, _ in list_checkpoints(trained_dir)] == [5, 6]  # with the GD model's, at its steps
+    assert not (gd_dir / "metrics.json").exists()
+    capsys.readouterr()
+    with monkeypatch.context() as patch:
+        _stopping_step(patch, 15 - 6)  # the trained model's step 15: 9 steps after step 6
+        with pytest.raises(KeyboardInterrupt):
+            gd_icl.train_models(TINY, RESUMED_JOBS, stopped, workers=1)
+    out = capsys.readouterr().out
+    assert "L20/gd_rbf_1: resumed from" in out and "L20/trained_rbf_1: resumed from" in out and "at step 6" in out
+    assert (gd_dir / "metrics.json").is_file() and not (gd_dir / "checkpoints").exists()  # finished at step 12
+    assert [step for step, _ in list_checkpoints(trained_dir)] == [12, 14]
+    gd_icl.train_models(TINY, RESUMED_JOBS, stopped, workers=1)
+    out = capsys.readouterr().out
+    assert "reusing" in out and "L20/trained_rbf_1: resumed from" in out and "at step 14" in out
+    _assert_same_runs(whole, stopped)
+
+
+def test_retrain_starts_a_stopped_stream_from_the_start(tmp_path, monkeypatch, capsys):
+    """With ``retrain`` the checkpoints of a stopped stream are removed, not resumed: step 1 is trained again."""
+    runs = tmp_path / "runs"
+    with monkeypatch.context() as patch:
+        _stopping_step(patch, 5)
+        with pytest.raises(KeyboardInterrupt):
+            gd_icl.train_models(TINY, RESUMED_JOBS, runs, workers=1)
+    assert (runs / "L20" / "trained_rbf_1" / "checkpoints").is_dir()
+    capsys.readouterr()
+    seen: list[int] = []
+    with monkeypatch.context() as patch:
+        _stopping_step(patch, 0, seen)
+        gd_icl.train_models(TINY, RESUMED_JOBS, runs, retrain=True, workers=1)
+    assert len(seen) == 20 and "resumed from" not in capsys.readouterr().out
+    gd_icl.train_models(TINY, RESUMED_JOBS, tmp_path / "whole", workers=1)
+    _assert_same_runs(tmp_path / "whole", runs)
+
+
+def test_common_resume_step_is_the_newest_shared_step_and_removes_the_others(tmp_path):
+    from hf_icl.training.checkpoints import list_checkpoints
+    from hf_icl.training.seed_checkpoints import common_resume_step
+
+    ensembles = [gd_icl.GDConstructionEnsemble(1, "rbf", FIELDS, (3, 4), 1e-2, n_context=6) for _ in range(2)]
+    xs, ys = torch.rand(2, 8, 7, 3), torch.randint(4, (2, 8, 7))
+    dirs, specs = [tmp_path / "a", tmp_path / "b"], [{"model": "a"}, {"model": "b"}]
+    for step in range(1, 5):
+        for i, ensemble in enumerate(ensembles):
+            ensemble.step(xs, ys)
+            if i == 0 or step % 2 == 0:
+                ensemble.save_checkpoint(dirs[i], spec=specs[i])
+    assert common_resume_step(dirs, specs) == 4
+    ensembles[0].step(xs, ys)
+    ensembles[0].save_checkpoint(dirs[0], spec=specs[0])  # step 5: only a has it
+    assert common_resume_step(dirs, specs) == 4
+    assert [[s for s, _ in list_checkpoints(d)] for d in dirs] == [[4], [4]]  # the rest removed
+    assert common_resume_step(dirs, [{"model": "a"}, {"model": "other"}]) is None
+    assert not any((d / "checkpoints").exists() for d in dirs)
+    ensembles[0].save_checkpoint(dirs[0], spec=specs[0])
+    ensembles[1].save_checkpoint(dirs[1], spec=specs[1])
+    assert common_resume_step(dirs, specs, resume=False) is None and not (dirs[0] / "checkpoints").exists()
+    assert common_resume_step([], []) is None
+
+
 # -- the GD models ---------------------------------------------------------------------------------------------------
 FIELDS = {"n_dims": 3, "n_points": 7, "embed_dim": 5, "n_classes": 4, "normalize_by_count": True}
 
