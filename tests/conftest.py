@@ -24,3 +24,21 @@ def no_hub_probe(monkeypatch):
     """No test opens a connection to the Hub: the reachability probe behind "not logged in" says it is reachable
     (a test of the unreachable message patches it again)."""
     monkeypatch.setattr("hf_icl.training.hub.hub_unreachable", lambda timeout=3.0: None)
+
+
+@pytest.fixture
+def kept_figures(monkeypatch):
+    """``keep(module)`` → a dict that fills, by file name, with every figure ``module.save_figure`` saves (still
+    saved, and kept open for the test to look at)."""
+
+    def keep(module) -> dict:
+        figures, save = {}, module.save_figure
+
+        def keeping(fig, path, **kwargs):
+            figures[path.name] = fig
+            return save(fig, path, **kwargs)
+
+        monkeypatch.setattr(module, "save_figure", keeping)
+        return figures
+
+    return keep

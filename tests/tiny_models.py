@@ -16,20 +16,19 @@ from hf_icl.data.niah import DEFAULT_NEEDLE, DEFAULT_QUESTION, FILLER_SENTENCES,
 VOCAB_SIZE = 101
 
 
-def tiny_gpt2(vocab_size: int = VOCAB_SIZE, seed: int = 0) -> GPT2LMHeadModel:
-    """GPT-2: 2 layers, width 64, 2 heads, 256 positions."""
+def tiny_gpt2(vocab_size: int = VOCAB_SIZE, seed: int = 0, *, dropout: float = 0.0, **fields) -> GPT2LMHeadModel:
+    """GPT-2: 2 layers, width 64, 2 heads, 256 positions, no dropout (``fields`` override any of them), in eval
+    mode."""
     torch.manual_seed(seed)
+    shape = {"n_layer": 2, "n_embd": 64, "n_head": 2, "n_positions": 256, **fields}
     config = GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=2,
-        n_positions=256,
+        **shape,
         vocab_size=vocab_size,
         bos_token_id=None,
         eos_token_id=None,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
+        attn_pdrop=dropout,
+        resid_pdrop=dropout,
+        embd_pdrop=dropout,
     )
     return GPT2LMHeadModel(config).eval()
 

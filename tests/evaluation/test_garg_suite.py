@@ -293,16 +293,10 @@ def test_bad_arguments_are_refused_with_the_argument_named(tmp_path):
         run_garg_suite(model, family, foreign, n_prompts=4)
 
 
-def test_long_titles_wrap_inside_the_figures_and_every_line_is_in_the_legend(tmp_path, monkeypatch):
+def test_long_titles_wrap_inside_the_figures_and_every_line_is_in_the_legend(tmp_path, monkeypatch, kept_figures):
     from hf_icl.evaluation import context_scaling
 
-    figures, save = {}, context_scaling.save_figure
-
-    def keeping(fig, path, **kwargs):  # the suite's figures, kept to look at
-        figures[path.name] = fig
-        return save(fig, path, **kwargs)
-
-    monkeypatch.setattr(context_scaling, "save_figure", keeping)
+    figures = kept_figures(context_scaling)
     subset = {name: GARG_EVALUATIONS[name] for name in ("standard", "overlapping_train_test")}
     monkeypatch.setattr("hf_icl.evaluation.garg_suite.garg_evaluations", lambda family: subset)
     name = "gpt2_icl_trained_on_linear_regression_seed_0"

@@ -226,14 +226,8 @@ def test_markdown_shows_intervals_budgets_and_sections(tmp_path):
     assert csv[0] == ",".join(SUMMARY_COLUMNS) and len(csv) == 1 + len(summary)
 
 
-def test_the_accuracy_figure_has_a_panel_per_length_and_a_labelled_line_per_method(tmp_path, monkeypatch):
-    figures, save = {}, plotting.save_figure
-
-    def keeping(fig, path, **kwargs):  # the report's figures, kept to look at
-        figures[path.name] = fig
-        return save(fig, path, **kwargs)
-
-    monkeypatch.setattr(plotting, "save_figure", keeping)
+def test_the_accuracy_figure_has_a_panel_per_length_and_a_labelled_line_per_method(tmp_path, kept_figures):
+    figures = kept_figures(plotting)
     records = _records(seed=7)
     write_niah_report(records, tmp_path)
     fig = figures["accuracy_vs_sparsity.png"]
@@ -263,15 +257,9 @@ def test_method_name():
     assert method_name("custom", "frc") == "frc" and method_name("custom") == "custom"
 
 
-def _report_figures(records, tmp_path, monkeypatch):
+def _report_figures(records, tmp_path, kept_figures):
     """``write_niah_report``'s figures by file name, drawn."""
-    figures, save = {}, plotting.save_figure
-
-    def keeping(fig, path, **kwargs):
-        figures[path.name] = fig
-        return save(fig, path, **kwargs)
-
-    monkeypatch.setattr(plotting, "save_figure", keeping)
+    figures = kept_figures(plotting)
     write_niah_report(records, tmp_path)
     for fig in figures.values():
         fig.canvas.draw()
@@ -289,14 +277,14 @@ def _inside(fig, text) -> bool:
 
 
 @pytest.mark.parametrize("settings", [[("single", "number")], [("single", "number"), ("multikey", "word")]])
-def test_long_method_labels_wrap_inside_the_heatmap_and_its_panels(tmp_path, monkeypatch, settings):
+def test_long_method_labels_wrap_inside_the_heatmap_and_its_panels(tmp_path, kept_figures, settings):
     long = "cab-hybrid_with_a_rather_long_policy_name_from_a_sweep@0.975"
     records = [
         {**r, "method": long} if r["method"] == "cab-frc@0.90" else r
         for variant, value_kind in settings
         for r in _records(seed=9, lengths=(64,), variant=variant, value_kind=value_kind)
     ]
-    figures = _report_figures(records, tmp_path, monkeypatch)
+    figures = _report_figures(records, tmp_path, kept_figures)
     for name, fig in figures.items():
         for title in _titles(fig):
             assert _inside(fig, title), (name, title.get_text())
@@ -311,11 +299,11 @@ def _legend_texts(ax) -> list[str]:
     return [text.get_text() for text in ax.get_legend().get_texts()]
 
 
-def test_coinciding_methods_stay_visible_and_are_named_in_the_legend(tmp_path, monkeypatch):
+def test_coinciding_methods_stay_visible_and_are_named_in_the_legend(tmp_path, kept_figures):
     records = _records(seed=8)
     # magnitude exactly under frc: the same hits at the same achieved sparsity
     records += [{**r, "method": r["method"].replace("frc", "magnitude")} for r in records if "frc" in r["method"]]
-    fig = _report_figures(records, tmp_path, monkeypatch)["accuracy_vs_sparsity.png"]
+    fig = _report_figures(records, tmp_path, kept_figures)["accuracy_vs_sparsity.png"]
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert len(panels) == 2
     for ax in panels:

@@ -8,7 +8,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GPT2Config, GPT2LMHeadModel, get_cosine_schedule_with_warmup
+from tiny_models import tiny_gpt2
+from transformers import AutoModelForCausalLM, GPT2LMHeadModel, get_cosine_schedule_with_warmup
 
 from hf_icl.training import TrainingDivergedError, lm_training, train_causal_lm
 from hf_icl.training.checkpoints import list_checkpoints
@@ -19,20 +20,7 @@ VOCAB, CONTEXT = 11, 12
 
 def tiny_lm(seed: int = 0, dropout: float = 0.0) -> GPT2LMHeadModel:
     """GPT-2: vocabulary 11, 1 layer, width 8, 2 heads, 12 positions."""
-    torch.manual_seed(seed)
-    config = GPT2Config(
-        vocab_size=VOCAB,
-        n_positions=CONTEXT,
-        n_embd=8,
-        n_layer=1,
-        n_head=2,
-        bos_token_id=None,
-        eos_token_id=None,
-        resid_pdrop=dropout,
-        embd_pdrop=dropout,
-        attn_pdrop=dropout,
-    )
-    return GPT2LMHeadModel(config)
+    return tiny_gpt2(VOCAB, seed, dropout=dropout, n_layer=1, n_embd=8, n_positions=CONTEXT)
 
 
 def pattern_blocks(n: int, seed: int = 0) -> torch.Tensor:

@@ -9,19 +9,15 @@ from hf_icl.reproduce.sgpt import ExperimentState
 from hf_icl.reproduce.sgpt.figures import _ridge_sweep
 
 
-def test_the_ridge_sweep_names_the_ridge_curve_and_every_trained_model_in_its_legend(tmp_path, monkeypatch):
-    figures, save = [], plots.save_figure
-
-    def keeping(fig, path, **kwargs):  # the sweep's figure, kept to look at
-        figures.append(fig)
-        return save(fig, path, **kwargs)
-
-    monkeypatch.setattr(plots, "save_figure", keeping)
+def test_the_ridge_sweep_names_the_ridge_curve_and_every_trained_model_in_its_legend(
+    tmp_path, monkeypatch, kept_figures
+):
+    figures = kept_figures(plots)
     ctx = ExperimentState(SGPT_TOY, tmp_path, Report("sgpt", "fig2", "t", "toy", "c", tmp_path))
     # estimators stand in for the trained models: two at the same error, as SGPT and GPT-2 can be
     trained = {"SGPT": get_estimator("least_squares"), "GPT-2": get_estimator("least_squares")}
     _ridge_sweep(ctx, trained, {"weight_prior": "scaled", "noise_std": 0.5}, d=3, position=3)
-    (fig,) = figures
+    (fig,) = figures.values()
     (ax,) = fig.axes
     fig.canvas.draw()
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
