@@ -12,10 +12,13 @@ Each call is routed once, by :func:`cab_route`, from (device, policy, padding, d
 * ``dense``: every token would keep every visible block (short sequences, sparsity 0) or a dense decode step;
 * ``triton_prefill`` / ``triton_decode`` (CUDA, ``cab_backend`` ``"auto"`` or ``"triton"``): the fused selection
   kernel emits each token's block list, and the key-block-major kernels (prefill) or the split-K decode kernel
-  consume it with no host sync; a padded prefill is compacted to its real tokens first;
+  consume it with no host sync; a padded prefill is compacted to its real tokens first; a left-padded batch's decode
+  step selects with the PyTorch rule (over each row's real tokens) and runs the split-K kernel from each row's first
+  real key (``row_starts``), see :func:`cab_route`;
 * ``torch``: the PyTorch path (``cab_backend="torch"``, CPU, dropout, head dims the kernels lack, the ``oracle``
-  policy, padded decode and chunked prefill), selection and execution range by range. The route's ``reason`` says
-  what kept the kernels out; ``cab_backend="triton"`` raises it as a ``ValueError``.
+  policy, a padded batch's chunked prefill, a padded decode step whose rows are not left-padded), selection and
+  execution range by range. The route's ``reason`` says what kept the kernels out; ``cab_backend="triton"`` raises
+  it as a ``ValueError``.
 
 Evaluations that need the selection (achieved sparsity, the NIAH preservation score) observe it: inside
 :func:`observe_cab_selection`, every call hands its callback a :class:`CABSelection` with the per-token selection
@@ -36,6 +39,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -96,20 +100,32 @@ def cab_route(
     dtype: torch.dtype,
     padded: bool,
     dropout: float = 0.0,
+    left_padded: bool = True,
 ) -> CABRoute:
     """The one place a call's route is decided (see the module docstring). ``cab_backend="triton"`` on a call the
-    kernels cannot run raises ``ValueError`` naming what stands in the way."""
+    kernels cannot run raises ``ValueError`` naming what stands in the way.
+
+    Padding (``padded``: the call has a key padding mask). A padded prefill (``n_q == n_k``) is compacted to its real
+    tokens (``compact``). A padded chunked prefill (``1 < n_q < n_k``) takes the PyTorch path. A padded decode step
+    (``n_q == 1``) takes the split-K kernel on the assumption that every row is *left-padded* as transformers'
+    ``generate`` pads a batch: row b's real tokens are the one contiguous run ``[start_b, n_k)`` ending at the newest
+    position (its padding, if any, all before ``start_b``). The route cannot see the mask's values, so the caller
+    checks that assumption (:func:`cab_attention_forward` does it with one host sync, only for a padded decode step
+    on this route) and passes ``left_padded=False`` when it fails; that call then takes the PyTorch path.
+    """
     if runs_dense(params, n_q, n_k):
         return CABRoute("dense")
-    reason = _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout)
+    reason = _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout, left_padded)
     if reason is None:
-        return CABRoute("triton_decode" if n_q == 1 else "triton_prefill", compact=padded)
+        if n_q == 1:
+            return CABRoute("triton_decode")
+        return CABRoute("triton_prefill", compact=padded)
     if params.backend == "triton":
         raise ValueError(f"cab_backend='triton' cannot run this call: {reason}")
     return CABRoute("torch", reason)
 
 
-def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout) -> str | None:
+def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout, left_padded=True) -> str | None:
     if params.backend == "torch":
         return "cab_backend='torch' asks for the PyTorch path"
     reason = kernels_unsupported(device, head_dim, dtype, dropout, cuda_only=params.backend == "auto")
@@ -118,9 +134,29 @@ def _why_not_kernels(params, device, n_q, n_k, head_dim, dtype, padded, dropout)
     unfused = fused_rule_unsupported(-(-n_k // params.block_size), params.policy, params.budget)
     if unfused is not None:
         return f"the fused selection cannot run it: {unfused}"
-    if padded and n_q != n_k:
-        return "a padded batch's decode or chunked prefill (each row's queries sit at their own positions)"
+    if padded and 1 < n_q < n_k:
+        return (
+            "a padded batch's chunked prefill (each row's queries sit at their own positions; only a prefill "
+            "(n_q == n_k) is compacted to real tokens and only a left-padded decode step (n_q == 1) runs per-row "
+            "key starts)"
+        )
+    if padded and n_q == 1 and not left_padded:
+        return (
+            "a padded batch's decode step whose rows are not left-padded (the decode kernel takes each row's real "
+            "tokens as one contiguous run ending at the newest position, as transformers' generate pads)"
+        )
     return None
+
+
+def _left_padding_starts(key_valid: torch.Tensor) -> torch.Tensor | None:
+    """Each row's first real key ``(B,)`` long if every row of ``key_valid (B, Nk)`` is left-padded (its real
+    tokens one contiguous run ending at the last position), else None."""
+    starts = key_valid.to(torch.uint8).argmax(-1)  # the first True (argmax returns the first maximum)
+    left_padded = key_valid.sum(-1) == key_valid.shape[-1] - starts  # so [start, Nk) are all real
+    # The one host sync of a padded decode step on the kernel route: transformers hands a mask, not a promise of
+    # left padding, and a row laid out otherwise would put its blocks in the wrong place. (A row with no real
+    # token fails too: argmax gives 0 and its sum is 0.)
+    return starts if bool(left_padded.all()) else None
 
 
 def _bool_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -158,7 +194,8 @@ def cab_attention_forward(
     q_offset = n_k - n_q
     mask = _bool_mask(attention_mask)
     key_valid = None if mask is None else _key_padding_from_mask(mask, q_offset)
-    route = cab_route(
+    route_of = partial(
+        cab_route,
         params,
         device=query.device,
         n_q=n_q,
@@ -168,6 +205,12 @@ def cab_attention_forward(
         padded=key_valid is not None,
         dropout=dropout,
     )
+    route = route_of()
+    row_starts = None
+    if route.name == "triton_decode" and key_valid is not None:  # the route assumed left padding: check it
+        row_starts = _left_padding_starts(key_valid)
+        if row_starts is None:
+            route = route_of(left_padded=False)
     if route.name == "dense" and n_q == n_k:
         _warn_if_short(module.config, params, n_k)
     record = bool(_OBSERVERS)  # the selection is assembled whole only while someone observes it
@@ -178,7 +221,13 @@ def cab_attention_forward(
     elif route.name == "torch":
         out, token_keep = _torch_route(query, key, value, params, scaling, key_valid, dropout, record)
     elif route.name == "triton_decode":
-        indices, counts = _kernel_selection(query, key, params, scaling)
+        if row_starts is None:
+            indices, counts = _kernel_selection(query, key, params, scaling)
+        else:  # left-padded rows: the PyTorch rule over each row's real tokens (no host sync on CUDA), as lists
+            token_keep = token_block_selector(
+                query, key, scaling=scaling, score=params.score, key_valid=key_valid, **params.selection_rule()
+            )(0, 1)
+            indices, counts = keep_to_indices(token_keep, _width(params, n_k))
         out = token_sparse_decode(
             query,
             key,
@@ -189,8 +238,9 @@ def cab_attention_forward(
             scaling=scaling,
             q_offset=q_offset,
             group_heads=params.policy in _HEAD_INDEPENDENT,
+            row_starts=row_starts,
         )
-        if record:
+        if record and row_starts is None:
             token_keep = _listed_to_token_keep(indices, counts, -(-n_k // params.block_size))
     else:
         compact = key_valid if route.compact else None

@@ -13,6 +13,11 @@ the blocks wholly at or before the query and inside ``Nk`` (a prefix of the asce
 search) run without any mask when there is no key padding; only the query's own block, a ragged last block or a
 block in its future take the masked path.
 
+Per-row key starts (``row_starts``): in a left-padded batch row b's real keys are the cache rows ``[start_b, Nk)``.
+The program for row b reads ``start_b`` from the device, moves its K / V pointers there and takes ``Nk - start_b``
+keys with the query at ``q_offset - start_b``: blocks, bounds and causality are laid over the row's real tokens (as
+CAB lays them) with no key mask, so whole blocks still run unmasked.
+
 Grouped-query attention: when every query head of a KV group keeps the same blocks (``group_heads``), one program
 serves ``heads_per_program`` of them, as the rows of a matrix product padded to 16 rows, and reads each K / V block
 once for all of them (decode is bound by those reads). One head per program is a matrix-vector product instead (no
@@ -128,6 +133,7 @@ if triton is not None:
         indices,
         counts,
         key_valid,
+        row_starts,
         heads,
         kv_group,
         n_k,
@@ -153,6 +159,7 @@ if triton is not None:
         cs_h,
         kvs_b,
         kvs_n,
+        rs_b,
         BS: tl.constexpr,
         GROUP: tl.constexpr,
         BLOCK_G: tl.constexpr,
@@ -160,9 +167,13 @@ if triton is not None:
         USE_DOT: tl.constexpr,
         UPCAST_DOT: tl.constexpr,
         HAS_KEY_MASK: tl.constexpr,
+        HAS_ROW_STARTS: tl.constexpr,
     ):
         """One program per (split, batch, GROUP query heads sharing a selection): online softmax of the heads'
-        query rows over list entries [split * bps, (split + 1) * bps), full blocks first, then masked ones."""
+        query rows over list entries [split * bps, (split + 1) * bps), full blocks first, then masked ones.
+        ``HAS_ROW_STARTS``: row b's keys begin at cache row ``row_starts[b]`` (read here, no host sync); its K / V
+        (and key-mask) bases move there, and its key count and query position become ``n_k - start`` and
+        ``q_pos - start``, so block ids, bounds and causality are over the row's own keys."""
         split = tl.program_id(0)
         pid = tl.program_id(1)
         program_heads = heads // GROUP
@@ -180,6 +191,13 @@ if triton is not None:
         k_base = k + b * ks_b + kv_head * ks_h
         v_base = v + b * vs_b + kv_head * vs_h
         key_valid_row = key_valid + b * kvs_b
+        if HAS_ROW_STARTS:  # the row's keys are cache rows [start, n_k): shift the bases, count from there
+            row_start = tl.load(row_starts + b * rs_b).to(tl.int64)
+            k_base += row_start * ks_n
+            v_base += row_start * vs_n
+            key_valid_row += row_start * kvs_n
+            n_k = (n_k - row_start).to(tl.int32)
+            q_pos = (q_pos - row_start).to(tl.int32)
         entries = indices + b * is_b + h0 * is_h
         count = tl.load(counts + b * cs_b + h0 * cs_h).to(tl.int32)
         n_full = full_key_blocks(entries, is_k, count, q_pos, n_k, BS, HAS_KEY_MASK)
@@ -258,6 +276,7 @@ def block_sparse_decode_triton(
     validate: bool = True,
     group_heads: bool | None = None,
     tiles: TileConfig | None = None,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Split-K decode of ``q (B, H, 1, D)`` at absolute position ``q_offset`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
@@ -267,6 +286,13 @@ def block_sparse_decode_triton(
     ``tiles`` are those of :func:`hf_icl.kernels.block_sparse_attention.block_sparse_attention_triton` (default
     tiling: :func:`decode_tile_config`). Returns ``out`` (B, H, 1, D) in q's dtype, and the fp32 ``lse``
     (B, H, 1) if asked.
+
+    ``row_starts`` (B,) integer tensor on q's device (None: every row starts at 0): row b's keys are the cache rows
+    ``[row_starts[b], Nk)`` (a left-padded batch: its real tokens), so block ``j`` of ``indices`` is cache rows
+    ``row_starts[b] + [j * block_size, (j + 1) * block_size)``, the row holds ``Nk - row_starts[b]`` keys and its
+    query sits at position ``q_offset - row_starts[b]`` among them. The kernel reads the starts itself (no host
+    sync). A ``key_padding_mask`` still indexes cache positions. ``validate`` checks ``0 <= row_starts <= Nk``
+    (a device read).
     """
     if validate:
         if q.dim() == 4 and q.shape[2] != 1:
@@ -274,6 +300,7 @@ def block_sparse_decode_triton(
         validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
         validate_selection(q, k, indices, counts, block_size)
         check_key_padding_mask(key_padding_mask, q, k)
+        _check_row_starts(row_starts, q, k)
     check_kernel_runnable(_block_sparse_decode_kernel, q, "block_sparse_decode_triton")
     batch, heads, _, head_dim = q.shape
     kv_group = heads // k.shape[1]
@@ -303,6 +330,7 @@ def block_sparse_decode_triton(
             indices,
             counts,
             key_valid,
+            key_valid if row_starts is None else row_starts,  # a placeholder (unread) without row starts
             heads,
             kv_group,
             k.shape[2],
@@ -321,6 +349,7 @@ def block_sparse_decode_triton(
             counts.stride(0),
             counts.stride(1),
             *key_valid.stride(),
+            0 if row_starts is None else row_starts.stride(0),
             BS=block_size,
             GROUP=tiles.heads_per_program,
             BLOCK_G=1 if tiles.heads_per_program == 1 else max(16, triton_next_power_of_2(tiles.heads_per_program)),
@@ -328,11 +357,28 @@ def block_sparse_decode_triton(
             USE_DOT=tiles.heads_per_program > 1,
             UPCAST_DOT=is_interpreted(_block_sparse_decode_kernel),
             HAS_KEY_MASK=key_padding_mask is not None,
+            HAS_ROW_STARTS=row_starts is not None,
             **tiles.launch(),
         )
     out, lse = _merge_splits(part_acc, part_m, part_l)
     out = out.to(q.dtype).unsqueeze(2)
     return (out, lse.unsqueeze(2)) if return_lse else out
+
+
+def _check_row_starts(row_starts: torch.Tensor | None, q: torch.Tensor, k: torch.Tensor) -> None:
+    """``row_starts``: None or a (B,) integer tensor on q's device with every start in [0, Nk] (reads it)."""
+    if row_starts is None:
+        return
+    if not isinstance(row_starts, torch.Tensor):
+        raise ValueError(f"row_starts must be a (B,) integer tensor or None, got {type(row_starts).__name__}")
+    if row_starts.shape != (q.shape[0],):
+        raise ValueError(f"row_starts must have shape (B,) = ({q.shape[0]},), got {tuple(row_starts.shape)}")
+    if row_starts.dtype.is_floating_point or row_starts.dtype.is_complex or row_starts.dtype == torch.bool:
+        raise ValueError(f"row_starts must hold integers, got dtype {row_starts.dtype}")
+    if row_starts.device != q.device:
+        raise ValueError(f"row_starts must be on q's device {q.device}, got {row_starts.device}")
+    if row_starts.numel() and not bool(((row_starts >= 0) & (row_starts <= k.shape[2])).all()):
+        raise ValueError(f"row_starts must lie in [0, Nk] = [0, {k.shape[2]}], got {row_starts.tolist()}")
 
 
 def _check_single_query(q) -> None:

@@ -80,16 +80,26 @@ def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
     assert torch.equal(generated[0], generated[1])
 
 
+@needs_triton
 def test_forcing_triton_where_no_kernel_runs_is_a_clear_error():
-    """The oracle's dense selection and a padded batch's decode have no kernel route: 'triton' says why."""
+    """The oracle's dense selection, a padded batch's chunked prefill and a padded decode step whose rows are not
+    left-padded have no kernel route: 'triton' says why."""
     q = k = v = torch.randn(1, 2, 64, 32)
     with pytest.raises(ValueError, match="cab_backend='triton' cannot run this call: the fused selection"):
         cab_attention_forward(_module(backend="triton", policy="oracle"), q, k, v, None)
+    key_valid = torch.ones(1, 64, dtype=torch.bool)
+    key_valid[:, :5] = False
+    chunk = torch.randn(1, 2, 8, 32)
+    causal = (56 + torch.arange(8))[:, None] >= torch.arange(64)
+    with pytest.raises(ValueError, match="padded batch's chunked prefill"):
+        cab_attention_forward(_module(backend="triton"), chunk, k, v, (causal & key_valid)[None, None])
     one = torch.randn(1, 2, 1, 32)
-    padded = torch.ones(1, 1, 1, 64, dtype=torch.bool)
-    padded[..., :5] = False
-    with pytest.raises(ValueError, match="padded batch's decode or chunked prefill"):
-        cab_attention_forward(_module(backend="triton"), one, k, v, padded)
+    holed = key_valid.clone()
+    holed[:, 20:30] = False  # padding inside the row: not how generate pads
+    with pytest.raises(ValueError, match="decode step whose rows are not left-padded"):
+        cab_attention_forward(_module(backend="triton"), one, k, v, holed[:, None, None, :])
+    out, _ = cab_attention_forward(_module(backend="triton"), one, k, v, key_valid[:, None, None, :])  # left: runs
+    assert out.shape == (1, 1, 2, 32)
 
 
 def test_key_padding_is_read_off_causal_padding_masks_only():
@@ -144,7 +154,10 @@ ROUTE_TABLE = [
     (dict(policy="hybrid"), dict(device="cuda"), "triton_prefill", None),
     (dict(), dict(device="cuda", n_q=1), "triton_decode", None),
     (dict(), dict(device="cuda", padded=True), "triton_prefill", None),
-    (dict(), dict(device="cuda", padded=True, n_q=1), "torch", "padded batch's decode"),
+    (dict(), dict(device="cuda", padded=True, n_q=1), "triton_decode", None),  # left padding assumed
+    (dict(), dict(device="cuda", padded=True, n_q=1, left_padded=False), "torch", "not left-padded"),
+    (dict(), dict(device="cuda", padded=True, n_q=8), "torch", "padded batch's chunked prefill"),
+    (dict(backend="triton"), dict(device="cuda", padded=True, n_q=1), "triton_decode", None),
     (dict(), dict(device="cuda", dropout=0.1), "torch", "attention dropout"),
     (dict(), dict(device="cuda", head_dim=48), "torch", "head_dim must be one of"),
     (dict(policy="oracle"), dict(device="cuda"), "torch", "fused selection cannot run it"),
@@ -206,6 +219,90 @@ def test_kernel_route_equals_the_pytorch_route(policy, budget, padded, ranges, m
         results.append((out, *grads))
     for name, a, b in zip(("out", "dq", "dk", "dv"), *results, strict=True):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=name)
+
+
+def _left_padded_decode_inputs(lengths, n_k, seed=5):
+    """A decode step of a left-padded batch: q (B, 4, 1, 32), k / v (B, 2, Nk, 32) with junk in the padding, the
+    (B, 1, 1, Nk) bool mask transformers hands over, and the per-row key starts."""
+    g = torch.Generator().manual_seed(seed)
+    batch = len(lengths)
+    q = torch.randn(batch, 4, 1, 32, generator=g).to(DEVICE)
+    k, v = (torch.randn(batch, 2, n_k, 32, generator=g).to(DEVICE) for _ in range(2))
+    starts = [n_k - length for length in lengths]
+    key_valid = torch.arange(n_k)[None, :] >= torch.tensor(starts)[:, None]
+    for b, start in enumerate(starts):
+        k[b, :, :start], v[b, :, :start] = 30.0, -30.0
+    return q, k, v, key_valid[:, None, None, :].to(DEVICE), starts
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    "policy, budget",
+    [("magnitude", "row"), ("hybrid", "row"), ("streaming", "row"), ("frc", "topk"), ("frc_low", "topk")],
+)
+def test_a_left_padded_decode_step_on_the_kernel_equals_pytorch_and_each_row_alone(policy, budget, monkeypatch):
+    """A left-padded batch's decode step (rows of 90, 61, 33 and 17 real tokens) runs the split-K kernel with per-row
+    key starts (no PyTorch attention), and equals the PyTorch route on the same inputs and each row run alone
+    (unpadded, on the kernels: the fused selection) with grouped-query heads, every fused policy and both budgets."""
+    q, k, v, mask, starts = _left_padded_decode_inputs([90, 61, 33, 17], 90)
+    seen = []
+    decode = cab_module.token_sparse_decode
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["row_starts"])
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(cab_module, "token_sparse_decode", spy)
+    monkeypatch.setattr(cab_module, "attend_selected", lambda *a, **kw: pytest.fail("the PyTorch path ran"))
+    fields = dict(policy=policy, sparsity=0.6, budget=budget, topk=2)
+    kernel, _ = cab_attention_forward(_module(backend="triton", **fields), q, k, v, mask)
+    assert len(seen) == 1 and seen[0].tolist() == starts
+    monkeypatch.undo()
+    reference, _ = cab_attention_forward(_module(backend="torch", **fields), q, k, v, mask)
+    torch.testing.assert_close(kernel, reference, atol=1e-5, rtol=1e-5)
+    for b, start in enumerate(starts):
+        alone, _ = cab_attention_forward(
+            _module(backend="triton", **fields), q[b : b + 1], k[b : b + 1, :, start:], v[b : b + 1, :, start:], None
+        )
+        torch.testing.assert_close(kernel[b : b + 1], alone, atol=1e-5, rtol=1e-5)
+
+
+@needs_triton
+def test_a_left_padded_decode_step_is_observed_as_its_own_selection():
+    """An observer sees the kernel route's per-token selection, the same as the PyTorch route's."""
+    q, k, v, mask, _ = _left_padded_decode_inputs([90, 40], 90)
+    seen = {}
+    for backend in ("triton", "torch"):
+        with cab_module.observe_cab_selection(lambda call, backend=backend: seen.__setitem__(backend, call)):
+            cab_attention_forward(_module(backend=backend, policy="magnitude"), q, k, v, mask)
+    assert seen["triton"].route == "triton_decode" and seen["torch"].route == "torch"
+    assert torch.equal(seen["triton"].token_keep, seen["torch"].token_keep)
+
+
+@needs_triton
+@pytest.mark.parametrize("build", [tiny_gpt2, cab_llama], ids=["gpt2", "llama-gqa"])
+def test_left_padded_generation_on_the_decode_kernel_matches_pytorch_and_each_row_alone(build):
+    """Greedy generation of a left-padded batch: every decode step on the split-K kernel (per-row key starts) gives
+    the tokens of the PyTorch route and of each row generated alone."""
+    kernel_model, reference_model = _pair(build, policy="magnitude")
+    rows = [tokens(1, 70, seed=3)[0], tokens(1, 45, seed=4)[0]]
+    ids = torch.zeros(2, 70, dtype=torch.long)
+    mask = torch.zeros(2, 70, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, 70 - len(row) :], mask[i, 70 - len(row) :] = row, 1
+    ids, mask = ids.to(DEVICE), mask.to(DEVICE)
+    routes = []
+    with torch.no_grad(), cab_module.observe_cab_selection(lambda call: routes.append(call.route)):
+        batched = kernel_model.generate(ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
+    assert routes.count("triton_decode") == 4 * kernel_model.config.num_hidden_layers
+    with torch.no_grad():
+        reference = reference_model.generate(
+            ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0
+        )
+        assert torch.equal(batched, reference)
+        for i, row in enumerate(rows):
+            alone = kernel_model.generate(row[None].to(DEVICE), max_new_tokens=5, do_sample=False, pad_token_id=0)
+            assert batched[i, 70:].tolist() == alone[0, len(row) :].tolist()
 
 
 @needs_triton

@@ -216,6 +216,120 @@ def test_decode_strided_cache_and_junk_slots() -> None:
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+def _row_start_expected(q, k, v, keep, starts, *, block_size: int, q_offset: int):
+    """Float64 ground truth for per-row key starts: row b's keys are cache rows [start_b, Nk); its real key p sits in
+    block p // block_size, and the query (real position q_offset - start_b) attends the real keys p <= its position
+    in its kept blocks, a dense softmax. ``(out (B, H, 1, D) float64, lse (B, H, 1))`` on the CPU."""
+    batch, heads, _, _ = q.shape
+    group = heads // k.shape[1]
+    out = torch.zeros(batch, heads, 1, q.shape[3], dtype=torch.float64)
+    lse = torch.full((batch, heads, 1), float("-inf"), dtype=torch.float64)
+    for b, start in enumerate(starts):
+        real = torch.arange(k.shape[2] - start)
+        for h in range(heads):
+            kh, vh = (x[b, h // group, start:].double().cpu() for x in (k, v))
+            allowed = keep[b, h, 0].cpu()[real // block_size] & (real <= q_offset - start)
+            if not allowed.any():
+                continue
+            scores = (q[b, h, 0].double().cpu() @ kh.T) * q.shape[3] ** -0.5
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            out[b, h, 0] = torch.softmax(scores, -1) @ vh
+            lse[b, h, 0] = torch.logsumexp(scores, -1)
+    return out, lse
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("block_size", "kv_heads", "dtype"),
+    [(16, 2, torch.float32), (32, 1, torch.float32), (64, 2, torch.float32), (16, 1, torch.bfloat16)],
+)
+@pytest.mark.parametrize("blocks_per_split", [1, None])
+def test_decode_row_starts_lay_blocks_over_each_rows_real_keys(block_size, kv_heads, dtype, blocks_per_split) -> None:
+    """Left-padded rows of different lengths (none, ragged, one block, one key): with ``row_starts`` each row's
+    selection names blocks of its real keys, and the kernel equals a float64 dense softmax over them; grouped-query
+    heads both with one list per KV group (one program serves the group) and a list per head."""
+    n_k, heads = 150, 4
+    starts = [0, 37, n_k - block_size, n_k - 1]
+    q, k, v = qkv(len(starts), heads, 1, n_k, 32, dtype, seed=block_size, kv_heads=kv_heads)
+    q_offset = n_k - 1
+    n_blocks = math.ceil(n_k / block_size)
+    gen = torch.Generator().manual_seed(block_size + 7)
+    for shared in (False, True):
+        keep = torch.rand(len(starts), heads, 1, n_blocks, generator=gen) < 0.6
+        for b, start in enumerate(starts):  # the row's own (query) block, none past its real keys
+            real_blocks = math.ceil((n_k - start) / block_size)
+            keep[b, ..., real_blocks:] = False
+            keep[b, ..., (q_offset - start) // block_size] = True
+        if shared:  # every head of a KV group keeps the same blocks
+            keep = keep[:, :: heads // kv_heads].repeat_interleave(heads // kv_heads, dim=1)
+        keep = keep.to(DEVICE)
+        indices, valid = selected_block_indices(keep)
+        row_starts = torch.tensor(starts, device=DEVICE)
+        out, lse = block_sparse_decode_triton(
+            q, k, v, indices, valid.sum(-1), block_size=block_size, scaling=32**-0.5, q_offset=q_offset,
+            blocks_per_split=blocks_per_split, return_lse=True, row_starts=row_starts, group_heads=shared,
+        )  # fmt: skip
+        expected = _row_start_expected(q, k, v, keep, starts, block_size=block_size, q_offset=q_offset)
+        tol = LOOSE[dtype]
+        torch.testing.assert_close(out.double().cpu(), expected[0], atol=tol, rtol=tol)
+        torch.testing.assert_close(lse.double().cpu(), expected[1], atol=1e-4, rtol=1e-4)
+        # the padding before each row's start is never read, whatever it holds
+        k2, v2 = k.clone(), v.clone()
+        for b, start in enumerate(starts):
+            k2[b, :, :start], v2[b, :, :start] = 50.0, float("nan")
+        out2 = block_sparse_decode_triton(
+            q, k2, v2, indices, valid.sum(-1), block_size=block_size, scaling=32**-0.5, q_offset=q_offset,
+            blocks_per_split=blocks_per_split, row_starts=row_starts, group_heads=shared,
+        )  # fmt: skip
+        assert torch.equal(out, out2)
+
+
+@needs_triton
+def test_decode_row_starts_of_zero_change_nothing() -> None:
+    """``row_starts`` of zeros is bitwise the call without it, with and without a key padding mask; an earlier
+    query position is counted from the start too (keys after it are ignored)."""
+    n_k, bs = 100, 16
+    q, k, v, keep = _inputs(n_k, bs, n_k - 1, b=2, p=0.7, seed=51)
+    indices, valid = selected_block_indices(keep)
+    mask = left_padding_mask([n_k, n_k - 20], n_k)
+    zeros = torch.zeros(2, dtype=torch.int32, device=DEVICE)
+    for key_padding_mask in (None, mask):
+        kwargs = dict(block_size=bs, scaling=0.2, q_offset=n_k - 1, key_padding_mask=key_padding_mask)
+        plain = block_sparse_decode_triton(q, k, v, indices, valid.sum(-1), **kwargs)
+        started = block_sparse_decode_triton(q, k, v, indices, valid.sum(-1), row_starts=zeros, **kwargs)
+        assert torch.equal(plain, started)
+    # row starts 30 and 0 with the query at cache position 70: row 0 sees real keys 0..40 of cache rows 30..70
+    q_offset, starts = 70, [30, 0]
+    keep = torch.ones(2, 2, 1, math.ceil(n_k / bs), dtype=torch.bool, device=DEVICE)
+    indices, valid = selected_block_indices(keep)
+    out, lse = block_sparse_decode_triton(
+        q, k, v, indices, valid.sum(-1), block_size=bs, scaling=32**-0.5, q_offset=q_offset, return_lse=True,
+        row_starts=torch.tensor(starts, device=DEVICE),
+    )  # fmt: skip
+    expected_out, expected_lse = _row_start_expected(q, k, v, keep, starts, block_size=bs, q_offset=q_offset)
+    torch.testing.assert_close(out.double().cpu(), expected_out, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(lse.double().cpu(), expected_lse, atol=1e-4, rtol=1e-4)
+
+
+@needs_triton
+@pytest.mark.parametrize(
+    ("row_starts", "match"),
+    [
+        (torch.tensor([0]), r"shape \(B,\)"),
+        (torch.tensor([0.0, 1.0]), "integers"),
+        (torch.tensor([0, 101]), r"\[0, Nk\]"),
+        (torch.tensor([-1, 0]), r"\[0, Nk\]"),
+    ],
+)
+def test_decode_row_starts_validation(row_starts, match: str) -> None:
+    q, k, v, keep = _inputs(100, 16, 99, b=2, seed=53)
+    indices, valid = selected_block_indices(keep)
+    with pytest.raises(ValueError, match=match):
+        block_sparse_decode_triton(
+            q, k, v, indices, valid.sum(-1), block_size=16, scaling=0.2, q_offset=99, row_starts=row_starts.to(DEVICE)
+        )
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # The merge of split partials and split planning (plain PyTorch)
 # ----------------------------------------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 With one query, per-token and per-block selections coincide, so the block-sparse split-K decode kernel
 (:func:`hf_icl.kernels.block_sparse_decode.block_sparse_decode_triton`) runs it as it is; this entry only passes the
-fused selection's ``(indices, counts)`` straight through (no conversion, no validation, no host sync).
+fused selection's ``(indices, counts)`` straight through (no conversion, no validation, no host sync), and a
+left-padded batch's per-row key starts (``row_starts``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,13 @@ def token_sparse_decode(
     scaling: float,
     q_offset: int,
     group_heads: bool = False,
+    row_starts: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``query (B, H, 1, D)`` at position ``q_offset`` over the blocks listed in ``indices (B, H, 1, W)`` /
     ``counts (B, H, 1)`` of ``key`` / ``value (B, H / g, Nk, D)``; ``group_heads``: every head of a KV group keeps
-    the same blocks (one program serves the group). Returns ``(B, H, 1, D)``."""
+    the same blocks (one program serves the group); ``row_starts (B,)`` (None: 0): row b's keys are the cache rows
+    ``[row_starts[b], Nk)`` (a left-padded row's real tokens), its blocks and query position counted from there
+    (read on the device, no host sync). Returns ``(B, H, 1, D)``."""
     return block_sparse_decode_triton(
         query,
         key,
@@ -44,4 +48,5 @@ def token_sparse_decode(
         q_offset=q_offset,
         validate=False,
         group_heads=group_heads,
+        row_starts=row_starts,
     )

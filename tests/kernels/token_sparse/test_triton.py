@@ -337,3 +337,41 @@ def test_no_device_sync_without_validation():  # pragma: no cover - GPU only
         out.sum().backward()
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The decode entry: per-row key starts of a left-padded batch
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_decode_with_row_starts_equals_each_row_alone():
+    """``token_sparse_decode`` with ``row_starts`` gives each left-padded row what that row gives alone on its real
+    keys (blocks numbered from its first real key), grouped-query heads, whatever the padding holds."""
+    from hf_icl.kernels.token_sparse import token_sparse_decode
+
+    n_k, bs, starts = 80, 16, [0, 21, 64]
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(3, 4, 1, 32, generator=g).to(DEVICE)
+    k, v = (torch.randn(3, 2, n_k, 32, generator=g).to(DEVICE) for _ in range(2))
+    for b, start in enumerate(starts):
+        k[b, :, :start], v[b, :, :start] = float("nan"), float("nan")
+    indices = torch.zeros(3, 4, 1, 5, dtype=torch.int32)
+    counts = torch.zeros(3, 4, 1, dtype=torch.int32)
+    for b, start in enumerate(starts):
+        own = (n_k - 1 - start) // bs  # the query's own real block, plus a random subset of those before it
+        chosen = [j for j in range(own) if torch.rand(1, generator=g).item() < 0.5] + [own]
+        indices[b, :, 0, : len(chosen)] = torch.tensor(chosen, dtype=torch.int32)
+        indices[b, :, 0, len(chosen) :] = own
+        counts[b] = len(chosen)
+    indices, counts = indices.to(DEVICE), counts.to(DEVICE)
+    kwargs = dict(block_size=bs, scaling=32**-0.5)
+    out = token_sparse_decode(
+        q, k, v, indices, counts, q_offset=n_k - 1, row_starts=torch.tensor(starts, device=DEVICE), **kwargs
+    )
+    assert not out.isnan().any()
+    for b, start in enumerate(starts):
+        alone = token_sparse_decode(
+            q[b : b + 1], k[b : b + 1, :, start:], v[b : b + 1, :, start:], indices[b : b + 1], counts[b : b + 1],
+            q_offset=n_k - 1 - start, **kwargs,
+        )  # fmt: skip
+        torch.testing.assert_close(out[b : b + 1], alone, atol=1e-6, rtol=1e-6)
