@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError
 
+from ..validation import one_line
 from .checkpoints import (
     OPTIMIZER,
     TRAINER_STATE_FILE,
@@ -133,6 +135,19 @@ def common_resume_step(output_dirs: Sequence[str | Path], specs: Sequence[dict],
             if other != step:
                 shutil.rmtree(path, ignore_errors=True)
     return step
+
+
+@contextmanager
+def resuming(name: str, folder: str | Path) -> Iterator[None]:
+    """Resume run ``name`` from checkpoint ``folder`` inside the block: a checkpoint that cannot be read back or does
+    not fit the run (its extra state of other fields or shapes) is one :class:`CheckpointError` naming the run, the
+    folder and the way out (delete it, or ``--retrain``)."""
+    try:
+        yield
+    except (KeyError, TypeError, ValueError) as err:  # CheckpointError is a ValueError
+        raise CheckpointError(
+            f"cannot resume {name}: {one_line(err)}; delete {folder} or rerun with --retrain"
+        ) from None
 
 
 def _spec_or_none(directory: Path) -> dict | None:

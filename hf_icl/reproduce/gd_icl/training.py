@@ -22,11 +22,10 @@ from ...data.episodes import digit_features, sample_episodes
 from ...evaluation.runs import METRICS_FILE, write_metrics
 from ...modeling.gd_transformer import GDTransformerForInContextClassification, construction_parameters
 from ...training.checkpoints import checkpoint_dir
-from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
-from ...training.seed_checkpoints import common_resume_step
+from ...training.seed_checkpoints import common_resume_step, resuming
 from ...training.seed_ensemble import SeedEnsemble, StackedSeeds
-from ...validation import check_float, check_int, one_line
+from ...validation import check_float, check_int
 from ..report import log, usable_cores
 from ..workers import worker_pool
 from .specs import (
@@ -297,7 +296,7 @@ def _resume(trainers, curves, generators, run_dirs, run_specs, names, resume: bo
     states = None
     for i, (trainer, run_dir, run_spec, name) in enumerate(zip(trainers, run_dirs, run_specs, names, strict=True)):
         folder = checkpoint_dir(run_dir, step)
-        try:
+        with resuming(name, folder):
             extra = trainer.load_checkpoint(folder, spec=run_spec)
             losses, saved = extra["losses"], extra["generators"]
             if not isinstance(losses, torch.Tensor) or losses.shape != (step, len(trainer.seeds)):
@@ -305,10 +304,6 @@ def _resume(trainers, curves, generators, run_dirs, run_specs, names, resume: bo
             if states is not None and not all(torch.equal(a, b) for a, b in zip(states, saved, strict=True)):
                 raise ValueError(f"its batch stream is not the other models' at step {step}")
             states = saved
-        except (CheckpointError, KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(
-                f"cannot resume {name}: {one_line(err)}; delete {folder} or rerun with --retrain"
-            ) from None
         curves[i] = list(losses.unbind(0))
         log(f"  {name}: resumed from {folder} at step {step}")
     for generator, state in zip(generators, states, strict=True):

@@ -15,11 +15,9 @@ import torch
 from ...data.tasks import get_task
 from ...evaluation.runs import METRICS_FILE, write_metrics
 from ...training.checkpoints import checkpoint_dir, quiet_progress
-from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
-from ...training.seed_checkpoints import common_resume_step
+from ...training.seed_checkpoints import common_resume_step, resuming
 from ...training.seed_ensemble import SeedEnsemble
-from ...validation import one_line
 from ..report import log, usable_cores
 from ..workers import worker_pool
 from .data import context_query_batch
@@ -79,12 +77,8 @@ def _resume(state: _LoopState, ensembles, groups, specs, runs_dir: Path, resume:
         return
     for i, (group, ensemble, spec) in enumerate(zip(groups, ensembles, specs, strict=True)):
         folder = checkpoint_dir(runs_dir / group.name, step)
-        try:
+        with resuming(group.name, folder):
             state.restore(i, ensemble.load_checkpoint(folder, spec=spec))
-        except (CheckpointError, KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(
-                f"cannot resume {group.name}: {one_line(err)}; delete {folder} or rerun with --retrain"
-            ) from None
         log(f"  {group.name}: resumed from {folder} at step {step}")
     state.step = step
 

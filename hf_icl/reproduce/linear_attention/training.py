@@ -19,11 +19,9 @@ from pathlib import Path
 import torch
 
 from ...evaluation.runs import METRICS_FILE, write_metrics
-from ...training.manifest import CheckpointError
 from ...training.run_cache import read_run, write_run
-from ...training.seed_checkpoints import resumable_checkpoint
+from ...training.seed_checkpoints import resumable_checkpoint, resuming
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
-from ...validation import one_line
 from ..report import Report, Subject, log, seed_interval, usable_cores
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
@@ -185,12 +183,8 @@ def _start(ensemble: SeedEnsemble, spec: GroupSpec, run_dir: Path, resume: bool)
     if folder is None:
         shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
         return _Progress()
-    try:
+    with resuming(spec.name, folder):  # TypeError: an extra of other fields
         progress = _Progress(**ensemble.load_checkpoint(folder, spec=spec.to_dict()))
-    except (CheckpointError, TypeError) as err:  # TypeError: an extra of other fields
-        raise CheckpointError(
-            f"cannot resume {spec.name}: {one_line(err)}; delete {folder} or rerun with --retrain"
-        ) from None
     log(f"  {spec.name}: resumed from {folder} at step {ensemble.steps_done}")
     return progress
 
