@@ -36,8 +36,6 @@ from __future__ import annotations
 
 import warnings
 import weakref
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, replace
 from functools import partial
 
@@ -66,6 +64,7 @@ from ..kernels.token_sparse import (
     token_sparse_decode,
 )
 from .cab_cache import cached_block_indices, cached_block_selection, use_cab_cache
+from .cab_observer import CABSelection, is_observed, notify_observers, observe_cab_selection  # noqa: F401
 from .cab_params import (  # noqa: F401  (re-exported: the public names of CAB's parameters)
     BUDGETS,
     DECODE_MODES,
@@ -213,7 +212,7 @@ def cab_attention_forward(
             route = route_of(left_padded=False)
     if route.name == "dense" and n_q == n_k:
         _warn_if_short(module.config, params, n_k)
-    record = bool(_OBSERVERS)  # the selection is assembled whole only while someone observes it
+    record = is_observed()  # the selection is assembled whole only while someone observes it
     token_keep = None
     if route.name == "dense":
         heads = query.shape[1]
@@ -246,66 +245,8 @@ def cab_attention_forward(
         compact = key_valid if route.compact else None
         out, token_keep = _triton_prefill(query, key, value, params, scaling, compact, record)
     if record:
-        call = CABSelection(module, query, key, attention_mask, params, scaling, route.name, token_keep)
-        for callback in tuple(_OBSERVERS):
-            callback(call)
+        notify_observers(CABSelection(module, query, key, attention_mask, params, scaling, route.name, token_keep))
     return out.transpose(1, 2).contiguous(), None
-
-
-# -- observers: who sees the selection CAB computed ----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class CABSelection:
-    """One CAB attention call as an :func:`observe_cab_selection` callback sees it, after the call ran.
-
-    ``query (B, H, Nq, D)`` and ``key (B, Hk, Nk, D)`` as the call got them (queries are the last ``Nq`` positions),
-    ``attention_mask`` as transformers passed it, the call's :class:`CABParams`, ``scaling`` and ``route`` (one of
-    :data:`ROUTES`), and ``token_keep``: the per-token selection the call attended over, ``(B, H, Nq, Mk)`` bool
-    (query token ``t`` attends key block ``j``; blocks laid over real tokens), or None on the ``dense`` route (every
-    visible block kept).
-    """
-
-    module: torch.nn.Module
-    query: torch.Tensor
-    key: torch.Tensor
-    attention_mask: torch.Tensor | None
-    params: CABParams
-    scaling: float
-    route: str
-    token_keep: torch.Tensor | None
-
-    @property
-    def is_prefill(self) -> bool:
-        """A prompt's first forward: every position at once (``1 < Nq == Nk``)."""
-        return 1 < self.query.shape[2] == self.key.shape[2]
-
-
-#: the callbacks of the active observe_cab_selection blocks, in the order they were entered
-_OBSERVERS: list[Callable[[CABSelection], None]] = []
-
-
-@contextmanager
-def observe_cab_selection(callback: Callable[[CABSelection], None]) -> Iterator[Callable[[CABSelection], None]]:
-    """While active, every CAB attention call (every layer, prefill and decode) calls ``callback`` with a
-    :class:`CABSelection`: the selection the call itself computed and attended over, so an evaluation can score or
-    count it without selecting again. Without an observer the call never holds its whole selection (it selects
-    range by range, or as block lists); with one, it is assembled (``B·H·Nq·Mk`` bools per call).
-
-    >>> counts = []
-    >>> with observe_cab_selection(lambda call: counts.append(call.route)):
-    ...     pass                                            # run a CAB model here
-    """
-    if not callable(callback):
-        raise ValueError(f"callback must be callable (it gets a CABSelection), got {type(callback).__name__}")
-    _OBSERVERS.append(callback)
-    try:
-        yield callback
-    finally:
-        for i in range(len(_OBSERVERS) - 1, -1, -1):  # this block's own entry, even if the callback is entered twice
-            if _OBSERVERS[i] is callback:
-                del _OBSERVERS[i]
-                break
 
 
 def _listed_to_token_keep(indices: torch.Tensor, counts: torch.Tensor, n_blocks: int) -> torch.Tensor:
