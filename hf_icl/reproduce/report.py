@@ -17,7 +17,7 @@ import platform
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from datetime import date
 from pathlib import Path
 from typing import Any
@@ -103,6 +103,29 @@ class RunOptions:
     mlp_steps: int | None = None
     workers: int | None = None
     full: bool = False
+
+
+@dataclass
+class ExperimentStateBase:
+    """What every experiment of every paper runs on: its sizes, where it writes (``output_dir``; finished runs under
+    ``runs_dir``), its report, and the user's :class:`RunOptions` as fields. A paper's ``ExperimentState`` adds what
+    its experiments share (measured tables, runs trained once per call)."""
+
+    scale: Any
+    output_dir: Path
+    runs_dir: Path
+    report: Report
+    seed: int = 0
+    retrain: bool = False
+    steps: int | None = None
+    mlp_steps: int | None = None
+    workers: int | None = None
+    full: bool = False
+
+    @classmethod
+    def begin(cls, scale: Any, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions):
+        """The state a :class:`Paper`'s ``start`` returns: the sizes and paths as given, every option copied."""
+        return cls(scale, output_dir, runs_dir, report, **asdict(options))
 
 
 @dataclass(frozen=True)

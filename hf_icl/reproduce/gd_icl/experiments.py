@@ -41,17 +41,7 @@ def describe(scale: Scale, experiment: str, options: RunOptions) -> str:
 def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
     scale = shifted(scale, options.seed)
     report.numbers["scale"] = asdict(scale)
-    return ExperimentState(
-        scale,
-        output_dir,
-        runs_dir,
-        report,
-        retrain=options.retrain,
-        steps=options.steps,
-        workers=options.workers,
-        full=options.full,
-        seed=options.seed,
-    )
+    return ExperimentState.begin(scale, output_dir, runs_dir, report, options)
 
 
 PAPER_SPEC = Paper(PAPER, EXPERIMENTS, CPU, FULL, describe, start)

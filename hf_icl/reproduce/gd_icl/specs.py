@@ -5,13 +5,12 @@ trains (:class:`ModelSpec`, each on a :class:`Stream` of prompts), the models' c
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import torch
 
 from ...data.tasks import get_task
 from ...validation import check_choice
-from ..report import Report
+from ..report import ExperimentStateBase
 
 #: seed offsets of the training data and of the evaluation prompts (model weights use the seed itself); the batches
 #: of a training set are picked by a generator seeded BATCH_STREAM + seed
@@ -253,17 +252,9 @@ def feature_specs(scale: Scale, steps: int | None = None) -> list[ModelSpec]:
 
 
 @dataclass
-class ExperimentState:
-    """What an experiment gets: the sizes, where to write, and the command line's options (``full`` and ``seed`` as
-    given, for experiments with sizes of their own)."""
+class ExperimentState(ExperimentStateBase):
+    """What an experiment gets (:class:`~hf_icl.reproduce.report.ExperimentStateBase`: ``full`` and ``seed`` as
+    given, for experiments with sizes of their own) and the synthetic study's results, once measured."""
 
     scale: Scale
-    output_dir: Path
-    runs_dir: Path
-    report: Report
-    retrain: bool = False
-    steps: int | None = None
-    workers: int | None = None
-    full: bool = False
-    seed: int = 0
     synthetic: dict | None = None

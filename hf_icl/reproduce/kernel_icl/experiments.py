@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from ...estimators import KernelRidge, NadarayaWatson, RandomFourierFeatures, Ridge
-from ..report import Experiment, Paper, Report, RunOptions, Subject, seed_interval
+from ..report import Experiment, ExperimentStateBase, Paper, Report, RunOptions, Subject, seed_interval
 from .data import sine_prompt, table1_references, table2_eval_batch, table2_references
 from .document import KERNEL_NAMES, ROW_KERNELS, TABLE1, TABLE2, TABLE2_KRR, grid_label, grid_name
 from .specs import CPU, FULL, PAPER, TABLE1_MODELS, TRIVIAL_LABEL, Group, Scale, Training, group_model_config
@@ -312,17 +312,11 @@ def _spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 # -- experiments -----------------------------------------------------------------------------------------------------
 @dataclass
-class ExperimentState:
-    """An experiment's state: its sizes, where it writes, its report and options, and the tables as they are measured
-    (the claims and figures read them)."""
+class ExperimentState(ExperimentStateBase):
+    """An experiment's state (:class:`~hf_icl.reproduce.report.ExperimentStateBase`; the seeds are already shifted in
+    ``scale``) and the tables as they are measured (the claims and figures read them)."""
 
     scale: Scale
-    output_dir: Path
-    runs_dir: Path
-    report: Report
-    retrain: bool = False
-    steps: int | None = None
-    workers: int | None = None
     table1: dict | None = None
     table2: dict | None = None
     grid: dict | None = None
@@ -378,9 +372,7 @@ def describe(scale: Scale, experiment: str, options: RunOptions) -> str:
 def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
     scale = shifted(scale, options.seed)
     report.numbers["scale"] = asdict(scale)
-    return ExperimentState(
-        scale, output_dir, runs_dir, report, retrain=options.retrain, steps=options.steps, workers=options.workers
-    )
+    return ExperimentState.begin(scale, output_dir, runs_dir, report, options)
 
 
 PAPER_SPEC = Paper(PAPER, EXPERIMENTS, CPU, FULL, describe, start)

@@ -3,9 +3,7 @@ the groups it needs, writes its report's sections and figures, and :func:`run` i
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from ..report import Experiment, Paper, Report, RunOptions
+from ..report import Experiment, Paper, RunOptions
 from .claims import (
     ablation_section,
     convergence_section,
@@ -105,19 +103,6 @@ def describe(scale: Scale, experiment: str = "", options: RunOptions | None = No
     )
 
 
-def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
-    return ExperimentState(
-        scale,
-        output_dir,
-        runs_dir,
-        report,
-        seed=options.seed,
-        retrain=options.retrain,
-        steps=options.steps,
-        workers=options.workers,
-    )
-
-
 def cpu_note(scale: Scale) -> str | None:
     if scale.full:
         return None
@@ -127,4 +112,4 @@ def cpu_note(scale: Scale) -> str | None:
     )
 
 
-PAPER_SPEC = Paper(PAPER, EXPERIMENTS, CPU, FULL, describe, start, cpu_note)
+PAPER_SPEC = Paper(PAPER, EXPERIMENTS, CPU, FULL, describe, ExperimentState.begin, cpu_note)

@@ -22,7 +22,7 @@ from ...evaluation.runs import METRICS_FILE, write_metrics
 from ...training.run_cache import read_run, write_run
 from ...training.seed_checkpoints import resumable_checkpoint, resuming
 from ...training.seed_ensemble import SeedEnsemble, build_seeded
-from ..report import Report, Subject, log, seed_interval, usable_cores
+from ..report import ExperimentStateBase, Subject, log, seed_interval, usable_cores
 from ..workers import worker_pool
 from .data import draw_batches, evaluation_sets, query_errors, study_task, training_prompts, trivial_errors
 from .document import CONVERGED, DEPTHS, DOCUMENT_WIDTH, GPT2_VOCAB
@@ -339,17 +339,11 @@ def parameter_counts(n_embd: int = DOCUMENT_WIDTH) -> dict[str, dict[int, dict[s
 
 # -- an experiment's state ------------------------------------------------------------------------------------------
 @dataclass
-class ExperimentState:
-    """An experiment's state: where it writes, at which scale, and the shared runs (trained once per call)."""
+class ExperimentState(ExperimentStateBase):
+    """An experiment's state (:class:`~hf_icl.reproduce.report.ExperimentStateBase`) and the shared runs (trained
+    once per call)."""
 
     scale: Scale
-    output_dir: Path
-    runs_dir: Path
-    report: Report
-    seed: int = 0
-    retrain: bool = False
-    steps: int | None = None
-    workers: int | None = None
     _results: dict | None = field(default=None, repr=False)
     _ablation: dict | None = field(default=None, repr=False)
 

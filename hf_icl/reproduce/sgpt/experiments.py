@@ -43,15 +43,8 @@ def describe(scale: Scale, experiment: str, options: RunOptions) -> str:
 
 def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
     """The state every figure runs on (SGPT's runs live in each figure's own folder: ``runs_dir`` is unused)."""
-    return ExperimentState(
-        scale,
-        output_dir,
-        report,
-        seed=options.seed,
-        retrain=options.retrain,
-        steps=options.steps,
-        mlp_steps=options.mlp_steps,
-    )
+    given = {name: getattr(options, name) for name in ("seed", "retrain", "steps", "mlp_steps")}
+    return ExperimentState(scale, output_dir, report, **given)
 
 
 def cpu_note(scale: Scale) -> str | None:
