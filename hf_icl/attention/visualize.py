@@ -45,6 +45,19 @@ def _head(name: str, x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def _values_and_mask(
+    values_name: str, values: torch.Tensor, mask_name: str, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head's float ``values`` and the bool ``mask`` of the same shape over them, checked."""
+    values = _square(values_name, values).float()
+    mask = _square(mask_name, mask)
+    if mask.dtype != torch.bool:
+        raise ValueError(f"{mask_name} must be a bool tensor, got dtype {mask.dtype}")
+    if mask.shape != values.shape:
+        raise ValueError(f"{mask_name} shape {tuple(mask.shape)} != {values_name} shape {tuple(values.shape)}")
+    return values, mask
+
+
 def _new_figure(n_panels: int, title: str | None):
     """An Agg figure with ``n_panels`` side-by-side axes (lazy matplotlib import)."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -77,12 +90,7 @@ def plot_attention_comparison(
 
     A row whose kept keys carry no mass is shown as zeros in the sparse panel.
     """
-    full = _square("full_probs", full_probs).float()
-    keep = _square("keep_token_mask", keep_token_mask)
-    if keep.dtype != torch.bool:
-        raise ValueError(f"keep_token_mask must be a bool tensor, got dtype {keep.dtype}")
-    if keep.shape != full.shape:
-        raise ValueError(f"keep_token_mask shape {tuple(keep.shape)} != full_probs shape {tuple(full.shape)}")
+    full, keep = _values_and_mask("full_probs", full_probs, "keep_token_mask", keep_token_mask)
     kept = full * keep
     row_mass = kept.sum(-1, keepdim=True)
     sparse = torch.where(row_mass > 0, kept / row_mass.clamp_min(torch.finfo(torch.float32).tiny), 0.0)
@@ -116,12 +124,7 @@ def plot_block_selection(
             query block's tokens).
         frc: optional ``(M, M)`` FRC scores.
     """
-    scores = _square("block_scores", block_scores).float()
-    mask = _square("block_keep", block_keep)
-    if mask.dtype != torch.bool:
-        raise ValueError(f"block_keep must be a bool tensor, got dtype {mask.dtype}")
-    if mask.shape != scores.shape:
-        raise ValueError(f"block_keep shape {tuple(mask.shape)} != block_scores shape {tuple(scores.shape)}")
+    scores, mask = _values_and_mask("block_scores", block_scores, "block_keep", block_keep)
     panels = [("block scores", torch.where(torch.isfinite(scores), scores, float("nan")), "magma")]
     if frc is not None:
         frc = _square("frc", frc).float()

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -175,15 +175,15 @@ def evaluate_context_scaling(
             message names the predictor, the prompt and the position (checked once per batch,
             :func:`~hf_icl.evaluation.predictors.check_finite_predictions`), instead of drawing a NaN curve.
     """
-    predictors = check_predictors(models_and_estimators, reserved=(TRIVIAL,))
-    family = make_task(task)
-    check_int("n_prompts", n_prompts, low=1)
-    device = check_device("device", device)
-    confidence = check_confidence(confidence)
-    n_points = resolve_n_points(predictors, n_points)
-    check_target_kinds(predictors, family.target_kind)
-    metric = metric_for_task(family, normalizer)
-
+    predictors, family, metric, n_points, device, confidence = checked_evaluation(
+        models_and_estimators,
+        task,
+        n_prompts,
+        n_points=n_points,
+        device=device,
+        confidence=confidence,
+        normalizer=normalizer,
+    )
     xs, ys = family.sample(n_prompts, n_points, seed=seed)
     scores = score_predictors(predictors, xs, ys, metric, batch_size=batch_size, device=device)
     trivial = metric.trivial_per_prompt(ys)
@@ -193,6 +193,40 @@ def evaluate_context_scaling(
     if plot_path is not None:
         result.plot(plot_path, title=title)
     return result
+
+
+class CheckedEvaluation(NamedTuple):
+    """An evaluation's arguments after :func:`checked_evaluation`."""
+
+    predictors: dict[str, Predictor]
+    family: TaskFamily
+    metric: PositionMetric
+    n_points: int
+    device: torch.device | None
+    confidence: tuple[float, float]
+
+
+def checked_evaluation(
+    models_and_estimators: Mapping[str, Predictor],
+    task: TaskFamily | str | dict[str, Any],
+    n_prompts: int,
+    *,
+    n_points: int | None,
+    device: str | torch.device | None,
+    confidence: tuple[float, float],
+    normalizer: float | None,
+) -> CheckedEvaluation:
+    """The checks every position-by-position evaluation makes before it draws a prompt (predictor names, task, counts,
+    device, band, the models' prompt length and target kind), and what they resolve to: the predictors, the task
+    family, its metric, the prompt length, the device and the band's quantiles."""
+    predictors = check_predictors(models_and_estimators, reserved=(TRIVIAL,))
+    family = make_task(task)
+    check_int("n_prompts", n_prompts, low=1)
+    device = check_device("device", device)
+    confidence = check_confidence(confidence)
+    n_points = resolve_n_points(predictors, n_points)
+    check_target_kinds(predictors, family.target_kind)
+    return CheckedEvaluation(predictors, family, metric_for_task(family, normalizer), n_points, device, confidence)
 
 
 def result_from_scores(

@@ -24,24 +24,14 @@ import os
 from pathlib import Path
 
 from .intervals import wilson_interval
-from .niah import DENSE
+from .niah import DENSE, RECORD_FIELDS
 
-#: the fields every record has had since the first results format (the others are filled in when absent)
-_REQUIRED_FIELDS = (
-    "method",
-    "policy",
-    "sparsity",
-    "context_length",
-    "depth",
-    "sample",
-    "answer",
-    "generated",
-    "exact_match",
-    "answer_logprob",
-    "preservation",
-)
 #: fields of later formats, and what an older record stands for
 _DEFAULTS = {"score": None, "kept_blocks": None, "variant": "single", "value_kind": "number"}
+#: fields added after the first results format that summaries never read (older records may lack them)
+_UNREAD_LATER_FIELDS = ("achieved_sparsity", "needle_start", "needle_end")
+#: the fields every record has had since the first results format (the others are filled in when absent)
+_REQUIRED_FIELDS = tuple(name for name in RECORD_FIELDS if name not in (*_DEFAULTS, *_UNREAD_LATER_FIELDS))
 #: what makes a prompt: records of two methods with the same values saw the same prompt
 _PROMPT = ("context_length", "depth", "sample", "variant", "value_kind")
 #: the ``context_length`` of the rows that pool every length of a needle setting

@@ -48,13 +48,12 @@ from typing import Any
 
 import torch
 
-from ..data.tasks import TaskFamily, make_task
-from ..validation import check_choice, check_device, check_int
-from .bootstrap import check_confidence
-from .context_scaling import TRIVIAL, ContextScalingResult, result_from_scores
-from .metrics import PositionMetric, metric_for_task
+from ..data.tasks import TaskFamily
+from ..validation import check_choice, check_int
+from .context_scaling import ContextScalingResult, checked_evaluation, result_from_scores
+from .metrics import PositionMetric
 from .ood import check_inputs_shiftable
-from .predictors import Predictor, check_predictors, check_target_kinds, resolve_n_points, score_predictor
+from .predictors import Predictor, score_predictor
 
 #: Where the quadrant strategy puts the query: Garg et al.'s ``random_quadrants`` (the untouched input, in a
 #: random orthant; the default) or their ``opposite_quadrants`` (``−s``).
@@ -255,15 +254,16 @@ def evaluate_prompt_strategy(
     :data:`PROMPT_STRATEGIES` and ``strategy_options`` go to its prompt builder (e.g.
     ``{"query_orthant": "random"}``). The curves have :func:`scored_positions` points.
     """
-    predictors = check_predictors(models_and_estimators, reserved=(TRIVIAL,))
-    family = make_task(task)
     check_strategy(strategy)
-    check_int("n_prompts", n_prompts, low=1)
-    device = check_device("device", device)
-    confidence = check_confidence(confidence)
-    n_points = resolve_n_points(predictors, n_points)
-    check_target_kinds(predictors, family.target_kind)
-    metric = metric_for_task(family, normalizer)
+    predictors, family, metric, n_points, device, confidence = checked_evaluation(
+        models_and_estimators,
+        task,
+        n_prompts,
+        n_points=n_points,
+        device=device,
+        confidence=confidence,
+        normalizer=normalizer,
+    )
 
     prompts = strategy_prompts(family, strategy, n_prompts, n_points, seed, **dict(strategy_options or {}))
     n_positions = scored_positions(strategy, n_points, family.n_dims)
