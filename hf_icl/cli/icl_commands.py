@@ -369,16 +369,7 @@ def run_reproduce(args) -> int:
         if sys.argv[1:2] == ["reproduce"]
         else f"hf-icl reproduce {args.paper} {args.experiment}"
     )
-    path = reproduce(
-        args.paper,
-        args.experiment,
-        full=args.full,
-        output_dir=args.output_dir,
-        seed=args.seed,
-        retrain=args.retrain,
-        steps=args.steps,
-        mlp_steps=args.mlp_steps,
-        command=command,
-    )
+    flags = ("full", "output_dir", "seed", "retrain", "steps", "mlp_steps")  # the run options the command exposes
+    path = reproduce(args.paper, args.experiment, command=command, **{name: getattr(args, name) for name in flags})
     print(path.read_text())
     return 0

@@ -92,10 +92,11 @@ class Experiment:
     run: Callable[[Any], None]
 
 
-@dataclass(frozen=True)
+@dataclass(kw_only=True)
 class RunOptions:
     """What a user may change of a paper's run (``hf-icl reproduce`` flags): seeds shifted by ``seed``, finished runs
-    retrained, every model's ``steps`` (the MLPs' ``mlp_steps``), the number of training processes, the full sizes."""
+    retrained, every model's ``steps`` (the MLPs' ``mlp_steps``), the number of training processes, the full sizes.
+    Keyword-only, so an experiment state that extends it keeps its own positional fields first."""
 
     seed: int = 0
     retrain: bool = False
@@ -106,21 +107,15 @@ class RunOptions:
 
 
 @dataclass
-class ExperimentStateBase:
+class ExperimentStateBase(RunOptions):
     """What every experiment of every paper runs on: its sizes, where it writes (``output_dir``; finished runs under
-    ``runs_dir``), its report, and the user's :class:`RunOptions` as fields. A paper's ``ExperimentState`` adds what
-    its experiments share (measured tables, runs trained once per call)."""
+    ``runs_dir``), its report, and the user's :class:`RunOptions`. A paper's ``ExperimentState`` adds what its
+    experiments share (measured tables, runs trained once per call)."""
 
     scale: Any
     output_dir: Path
     runs_dir: Path
     report: Report
-    seed: int = 0
-    retrain: bool = False
-    steps: int | None = None
-    mlp_steps: int | None = None
-    workers: int | None = None
-    full: bool = False
 
     @classmethod
     def begin(cls, scale: Any, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions):

@@ -19,7 +19,7 @@ from ...evaluation import evaluate_context_scaling
 from ...evaluation.context_scaling import TRIVIAL
 from ...evaluation.tables import markdown_grid
 from ..plots import plot_sweep
-from ..report import Report, Subject, model_fields, train_or_reuse
+from ..report import Report, RunOptions, Subject, model_fields, train_or_reuse
 
 PAPER = "sgpt"
 
@@ -67,16 +67,14 @@ FULL = Scale(
 
 
 @dataclass
-class ExperimentState:
-    """Where an experiment writes, at which scale, and its report."""
+class ExperimentState(RunOptions):
+    """Where an experiment writes, at which scale, its report and the run options (``steps`` overrides the scale's
+    steps, ``mlp_steps`` those of the MLP runs only: they learn slowly and cost little). SGPT's runs live in each
+    figure's own folder, so it has no ``runs_dir``."""
 
     scale: Scale
     output_dir: Path
     report: Report
-    seed: int = 0
-    retrain: bool = False
-    steps: int | None = None  # overrides the scale's steps (quick checks)
-    mlp_steps: int | None = None  # overrides the steps of the MLP runs only (they learn slowly and cost little)
 
     def train(
         self,

@@ -3,6 +3,7 @@ than the trained ones, by name, and :func:`run`, which runs one of them at a sca
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from pathlib import Path
 
 from ..report import Experiment, Paper, Report, RunOptions
@@ -43,8 +44,7 @@ def describe(scale: Scale, experiment: str, options: RunOptions) -> str:
 
 def start(scale: Scale, output_dir: Path, runs_dir: Path, report: Report, options: RunOptions) -> ExperimentState:
     """The state every figure runs on (SGPT's runs live in each figure's own folder: ``runs_dir`` is unused)."""
-    given = {name: getattr(options, name) for name in ("seed", "retrain", "steps", "mlp_steps")}
-    return ExperimentState(scale, output_dir, report, **given)
+    return ExperimentState(scale, output_dir, report, **asdict(options))
 
 
 def cpu_note(scale: Scale) -> str | None:
