@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ..deprecation import renamed_value
-from ..validation import check_choice, check_scaling  # noqa: F401  (check_scaling: re-exported)
+from ..validation import check_choice, check_scaling
 
 try:  # triton is optional (absent on macOS / Windows); the PyTorch paths never need it.
     import triton
@@ -19,6 +19,8 @@ BACKENDS = ("auto", "triton", "torch")
 #: old backend names → their names now (deprecated, accepted for one release): ``"reference"`` was the PyTorch path
 BACKEND_ALIASES = {"reference": "torch"}
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: dtypes of the block lists ``indices`` / ``counts``
+INDEX_DTYPES = (torch.int32, torch.int64)
 
 
 def triton_available() -> bool:
@@ -26,14 +28,26 @@ def triton_available() -> bool:
     return triton is not None
 
 
-def check_attention_tensor(name: str, x) -> None:
-    """``x`` must be a 4-D (batch, heads, tokens, head_dim) tensor of a supported dtype with ≥ 1 token."""
+def describe(x) -> str:
+    """An argument as an error message names it: a tensor's dtype, shape and device, else its type (None as is)."""
+    if isinstance(x, torch.Tensor):
+        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
+    return repr(x) if x is None else type(x).__name__
+
+
+def check_4d_tensor(name: str, x, dtypes: tuple, layout: str = "(batch, heads, tokens, head_dim)") -> None:
+    """``x`` must be a 4-D tensor (its dims: ``layout``) of one of ``dtypes``."""
     if not isinstance(x, torch.Tensor):
         raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
     if x.dim() != 4:
-        raise ValueError(f"{name} must be 4-D (batch, heads, tokens, head_dim), got shape {tuple(x.shape)}")
-    if x.dtype not in SUPPORTED_DTYPES:
-        raise ValueError(f"{name}.dtype must be one of {[str(d) for d in SUPPORTED_DTYPES]}, got {x.dtype}")
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {tuple(x.shape)}")
+    if x.dtype not in dtypes:
+        raise ValueError(f"{name}.dtype must be one of {[str(d) for d in dtypes]}, got {x.dtype}")
+
+
+def check_attention_tensor(name: str, x) -> None:
+    """``x`` must be a 4-D (batch, heads, tokens, head_dim) tensor of a supported dtype with ≥ 1 token."""
+    check_4d_tensor(name, x, SUPPORTED_DTYPES)
     if x.shape[2] < 1:
         raise ValueError(f"{name} must have at least 1 token (dim 2), got shape {tuple(x.shape)}")
 
@@ -53,6 +67,37 @@ def check_matches_query(q: torch.Tensor, name: str, x: torch.Tensor, *, grouped:
             raise ValueError(f"q and {name} must have equal {label} (dim {dim}), got {shapes}")
     if grouped and q.shape[1] % x.shape[1]:
         raise ValueError(f"{name}'s heads (dim 1) must divide q's heads (grouped-query attention), got {shapes}")
+
+
+def check_qkv(q, k, v, *, scaling, head_dims: tuple[int, ...], block_size, block_sizes: tuple[int, ...]) -> None:
+    """The attention kernels' shared checks: q / k / v tensors (k / v may hold fewer, grouped-query heads, and equal
+    shapes), the scale, a head dim among ``head_dims`` and a block size among ``block_sizes``."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        check_attention_tensor(name, x)
+    check_scaling(scaling)
+    check_matches_query(q, "k", k, grouped=True)
+    check_matches_query(q, "v", v, grouped=True)
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
+    if q.shape[3] not in head_dims:
+        raise ValueError(f"head_dim (q.shape[3]) must be one of {list(head_dims)}, got {q.shape[3]}")
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in block_sizes:
+        raise ValueError(f"block_size must be one of {list(block_sizes)}, got {block_size!r}")
+
+
+def check_block_lists(q: torch.Tensor, indices, counts, leading: tuple[int, int, int], rows: str, slots: str) -> None:
+    """The block lists ``indices (B, H, rows, slots)`` and ``counts (B, H, rows)``: int32 / int64 tensors on q's
+    device with the leading dims ``leading``; ``rows`` / ``slots`` name the last dims in the messages. No values."""
+    for name, x, rank in (("indices", indices, 4), ("counts", counts, 3)):
+        if not isinstance(x, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
+        if x.dtype not in INDEX_DTYPES:
+            raise ValueError(f"{name}.dtype must be one of {[str(d) for d in INDEX_DTYPES]}, got {x.dtype}")
+        if x.device != q.device:
+            raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
+        if x.dim() != rank or tuple(x.shape[:3]) != leading:
+            shape = f"(B, H, {rows}, {slots})" if rank == 4 else f"(B, H, {rows})"
+            raise ValueError(f"{name} must have shape {shape} with (B, H, {rows})={leading}, got {tuple(x.shape)}")
 
 
 def check_key_padding_mask(key_padding_mask, q: torch.Tensor, k: torch.Tensor) -> None:

@@ -50,11 +50,11 @@ import torch
 from ._common import (
     BACKENDS,
     SUPPORTED_DTYPES,
-    check_attention_tensor,
+    check_block_lists,
     check_kernel_runnable,
     check_key_padding_mask,
-    check_matches_query,
-    check_scaling,
+    check_qkv,
+    describe,
     is_interpreted,
     resolve_backend,
     tl,
@@ -76,7 +76,6 @@ __all__ = [
     "selection_shared_by_groups",
 ]
 
-INDEX_DTYPES = (torch.int32, torch.int64)
 BLOCK_SIZES = (16, 32, 64, 128)
 HEAD_DIMS = (32, 64, 128)
 #: keys per streamed tile that the kernels accept (powers of two, so a tile and a key block always nest)
@@ -92,17 +91,7 @@ LOG2_E = 1.4426950408889634  # the kernels run the softmax in base 2: exp(x) = e
 def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: int, q_offset: int, *, scaling) -> None:
     """Raise ``ValueError`` naming the argument, the value and what is allowed (q / k / v, block size, offset,
     scaling). Shapes and scalars only: no device sync."""
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_attention_tensor(name, x)
-    check_scaling(scaling)
-    check_matches_query(q, "k", k, grouped=True)
-    check_matches_query(q, "v", v, grouped=True)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"head_dim (q.shape[3]) must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in BLOCK_SIZES:
-        raise ValueError(f"block_size must be one of {list(BLOCK_SIZES)}, got {block_size!r}")
+    check_qkv(q, k, v, scaling=scaling, head_dims=HEAD_DIMS, block_size=block_size, block_sizes=BLOCK_SIZES)
     if isinstance(q_offset, bool) or not isinstance(q_offset, int) or q_offset < 0:
         raise ValueError(f"q_offset must be an int >= 0, got {q_offset!r}")
     if q.shape[2] > 1 and q_offset % block_size != 0:
@@ -113,11 +102,7 @@ def validate_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, block_size: 
 
 
 def validate_selection(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    block_size: int,
+    q: torch.Tensor, k: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor, block_size: int
 ) -> None:
     """Check ``indices (B, H, Mq, K)`` and ``counts (B, H, Mq)`` against ``q`` / ``k`` (shapes, dtypes, values).
 
@@ -125,17 +110,7 @@ def validate_selection(
     """
     batch, heads, n_q, _ = q.shape
     q_blocks, k_blocks = math.ceil(n_q / block_size), math.ceil(k.shape[2] / block_size)
-    for name, x, rank in (("indices", indices, 4), ("counts", counts, 3)):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in INDEX_DTYPES:
-            raise ValueError(f"{name}.dtype must be one of {[str(d) for d in INDEX_DTYPES]}, got {x.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
-        expected = (batch, heads, q_blocks)
-        if x.dim() != rank or tuple(x.shape[:3]) != expected:
-            shape = "(B, H, Mq, K)" if rank == 4 else "(B, H, Mq)"
-            raise ValueError(f"{name} must have shape {shape} with (B, H, Mq)={expected}, got {tuple(x.shape)}")
+    check_block_lists(q, indices, counts, (batch, heads, q_blocks), rows="Mq", slots="K")
     width = indices.shape[3]
     if width < 1:
         raise ValueError(f"indices must list at least one key block (K >= 1), got shape {tuple(indices.shape)}")
@@ -161,6 +136,21 @@ def validate_keep(q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor, block_si
         raise ValueError(f"keep must have shape (B, H, Mq, Mk)={expected}, got {tuple(keep.shape)}")
     if keep.numel() and not bool(keep.any(-1).all()):
         raise ValueError("keep must select at least one key block in every query block row, got an empty row")
+
+
+def validate_keep_call(q, k, v, keep, key_padding_mask, *, block_size: int, q_offset: int, scaling) -> None:
+    """Every check of a call that selects by the bool block mask ``keep``: q / k / v and the scalars, ``keep``, the
+    key padding mask."""
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
+    validate_keep(q, k, keep, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)
+
+
+def validate_list_call(q, k, v, indices, counts, key_padding_mask, *, block_size: int, q_offset: int, scaling) -> None:
+    """Every check of a call that selects by block lists ``(indices, counts)`` (value checks: device syncs)."""
+    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
+    validate_selection(q, k, indices, counts, block_size)
+    check_key_padding_mask(key_padding_mask, q, k)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -377,20 +367,9 @@ if triton is not None:
 
     @triton.jit
     def load_key_tiles(
-        k_base,
-        v_base,
-        k_pos,
-        k_ok,
-        ks_n,
-        ks_d,
-        vs_n,
-        vs_d,
-        cols,
-        key_valid_row,
-        kvs_n,
-        MASKED: tl.constexpr,
-        HAS_KEY_MASK: tl.constexpr,
-    ):
+        k_base, v_base, k_pos, k_ok, ks_n, ks_d, vs_n, vs_d, cols, key_valid_row, kvs_n,
+        MASKED: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    ):  # fmt: skip
         """``(k_tile, v_tile, k_ok)``: the K and V rows at key positions ``k_pos``. ``MASKED``: only the rows
         ``k_ok`` (narrowed to the real keys of ``key_valid_row`` with ``HAS_KEY_MASK``) are read, the others are 0;
         else (a full block or tile) every row is read and ``k_ok`` is returned unread."""
@@ -422,32 +401,12 @@ if triton is not None:
 
     @triton.jit
     def _attend_key_tile(
-        acc,
-        m_i,
-        l_i,
-        q_tile,
-        q_pos,
-        first_key,
-        n_listed_keys,
-        entries,
-        stride,
-        k_base,
-        v_base,
-        ks_n,
-        ks_d,
-        vs_n,
-        vs_d,
-        cols,
-        n_k,
-        key_valid_row,
-        kvs_n,
-        qk_scale,
-        BS: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        MASKED: tl.constexpr,
+        acc, m_i, l_i, q_tile, q_pos,                               # the running softmax state, the query rows
+        first_key, n_listed_keys, entries, stride,                  # which listed keys
+        k_base, v_base, ks_n, ks_d, vs_n, vs_d, cols, n_k, key_valid_row, kvs_n, qk_scale,
+        BS: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr,
         HAS_KEY_MASK: tl.constexpr,
-    ):
+    ):  # fmt: skip
         """One online-softmax step over listed keys ``first_key … first_key + BLOCK_N`` (keys of the selected
         blocks, counted in list order: listed key f is row ``f % BS`` of block ``entries[f // BS]``).
 
@@ -483,60 +442,14 @@ if triton is not None:
 
     @triton.jit
     def _block_sparse_attention_kernel(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        indices,
-        counts,
-        key_valid,
-        tile_counts,
-        heads,
-        kv_group,
-        n_q,
-        n_k,
-        q_blocks,
-        q_offset,
-        qk_scale,
-        qs_b,
-        qs_h,
-        qs_n,
-        qs_d,
-        ks_b,
-        ks_h,
-        ks_n,
-        ks_d,
-        vs_b,
-        vs_h,
-        vs_n,
-        vs_d,
-        os_b,
-        os_h,
-        os_n,
-        os_d,
-        ls_b,
-        ls_h,
-        ls_n,
-        is_b,
-        is_h,
-        is_m,
-        is_k,
-        cs_b,
-        cs_h,
-        cs_m,
-        kvs_b,
-        kvs_n,
-        BS: tl.constexpr,
-        GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_N: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        RETURN_LSE: tl.constexpr,
-        HAS_KEY_MASK: tl.constexpr,
-        COUNT_TILES: tl.constexpr,
-    ):
+        q, k, v, out, lse, indices, counts, key_valid, tile_counts,  # tensors
+        heads, kv_group, n_q, n_k, q_blocks, q_offset, qk_scale,     # shapes, base-2 scale
+        qs_b, qs_h, qs_n, qs_d, ks_b, ks_h, ks_n, ks_d, vs_b, vs_h, vs_n, vs_d,  # q / k / v strides
+        os_b, os_h, os_n, os_d, ls_b, ls_h, ls_n,                    # out / lse strides
+        is_b, is_h, is_m, is_k, cs_b, cs_h, cs_m, kvs_b, kvs_n,      # indices / counts / key_valid strides
+        BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, RETURN_LSE: tl.constexpr, HAS_KEY_MASK: tl.constexpr, COUNT_TILES: tl.constexpr,
+    ):  # fmt: skip
         """One program per (query block, batch, group of GROUP query heads sharing a selection): the heads' query
         blocks are stacked as rows (row r: head ``h0 + r // BS``, query ``r % BS`` of the block)."""
         blk = q_blocks - 1 - tl.program_id(0)  # the latest query blocks (the most key blocks) first
@@ -600,22 +513,11 @@ if triton is not None:
 
 
 def block_sparse_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    return_lse: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    validate: bool = True,
-    group_heads: bool | None = None,
-    tiles: TileConfig | None = None,
-    tile_counts: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, return_lse: bool = False,
+    key_padding_mask: torch.Tensor | None = None, validate: bool = True, group_heads: bool | None = None,
+    tiles: TileConfig | None = None, tile_counts: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Triton block-sparse causal attention of ``q (B, H, Nq, D)`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
     Args:
@@ -641,9 +543,9 @@ def block_sparse_attention_triton(
     tensors, or on CPU tensors under ``TRITON_INTERPRET=1``; strided inputs are read in place.
     """
     if validate:
-        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-        validate_selection(q, k, indices, counts, block_size)
-        check_key_padding_mask(key_padding_mask, q, k)
+        validate_list_call(
+            q, k, v, indices, counts, key_padding_mask, block_size=block_size, q_offset=q_offset, scaling=scaling
+        )
     check_kernel_runnable(_block_sparse_attention_kernel, q, "block_sparse_attention_triton")
     batch, heads, n_q, head_dim = q.shape
     kv_group = heads // k.shape[1]
@@ -658,41 +560,16 @@ def block_sparse_attention_triton(
     lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=q.device)
     if batch * heads > 0:
         _block_sparse_attention_kernel[(q_blocks, batch * heads // tiles.heads_per_program)](
-            q,
-            k,
-            v,
-            out,
-            lse,
-            indices,
-            counts,
-            key_valid,
+            q, k, v, out, lse, indices, counts, key_valid,
             lse if tile_counts is None else tile_counts,  # unread without COUNT_TILES
-            heads,
-            kv_group,
-            n_q,
-            k.shape[2],
-            q_blocks,
-            q_offset,
-            float(scaling) * LOG2_E,
-            *q.stride(),
-            *k.stride(),
-            *v.stride(),
-            *out.stride(),
-            *lse.stride(),
-            *indices.stride(),
-            *counts.stride(),
-            *key_valid.stride(),
-            BS=block_size,
-            GROUP=tiles.heads_per_program,
-            BLOCK_M=tiles.rows(block_size),
-            BLOCK_N=tiles.block_n,
-            BLOCK_D=head_dim,
-            UPCAST_DOT=is_interpreted(_block_sparse_attention_kernel),
-            RETURN_LSE=return_lse,
-            HAS_KEY_MASK=key_padding_mask is not None,
-            COUNT_TILES=tile_counts is not None,
+            heads, kv_group, n_q, k.shape[2], q_blocks, q_offset, float(scaling) * LOG2_E,
+            *q.stride(), *k.stride(), *v.stride(), *out.stride(), *lse.stride(),
+            *indices.stride(), *counts.stride(), *key_valid.stride(),
+            BS=block_size, GROUP=tiles.heads_per_program, BLOCK_M=tiles.rows(block_size), BLOCK_N=tiles.block_n,
+            BLOCK_D=head_dim, UPCAST_DOT=is_interpreted(_block_sparse_attention_kernel), RETURN_LSE=return_lse,
+            HAS_KEY_MASK=key_padding_mask is not None, COUNT_TILES=tile_counts is not None,
             **tiles.launch(),
-        )
+        )  # fmt: skip
     return (out, lse) if return_lse else out
 
 
@@ -708,12 +585,9 @@ def _check_tile_counts(tile_counts, shape: tuple[int, ...], device: torch.device
         and tile_counts.device == device
     )
     if not ok:
-        got = (
-            f"{tile_counts.dtype} {tuple(tile_counts.shape)} on {tile_counts.device}"
-            if isinstance(tile_counts, torch.Tensor)
-            else type(tile_counts).__name__
+        raise ValueError(
+            f"tile_counts must be None or a contiguous int32 tensor {shape} on {device}, got {describe(tile_counts)}"
         )
-        raise ValueError(f"tile_counts must be None or a contiguous int32 tensor {shape} on {device}, got {got}")
 
 
 def kernels_runnable(device: torch.device | str) -> bool:
@@ -746,15 +620,9 @@ def expand_kv(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 
 def _reference_lse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    key_padding_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, key_padding_mask: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Plain masked ``logsumexp`` (B, H, Nq) fp32 over the kept blocks and the causal mask (dense, O(Nq * Nk))."""
     allowed = token_mask(keep, block_size, q.shape[2], k.shape[2], q_offset)
     if key_padding_mask is not None:
@@ -764,54 +632,28 @@ def _reference_lse(
 
 
 def block_sparse_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    return_lse: bool = False,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, return_lse: bool = False,
     key_padding_mask: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """PyTorch path: :func:`hf_icl.kernels.block_sparse_reference.block_sparse_attention`, plus a dense masked lse."""
-    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
+    settings = {"block_size": block_size, "q_offset": q_offset, "scaling": scaling}
+    validate_keep_call(q, k, v, keep, key_padding_mask, **settings)
     heads = q.shape[1]
+    attention_mask = padding_attention_mask(key_padding_mask, q.shape[2])
     out = block_sparse_attention(
-        q,
-        expand_kv(k, heads),
-        expand_kv(v, heads),
-        keep,
-        block_size=block_size,
-        scaling=scaling,
-        q_offset=q_offset,
-        attention_mask=padding_attention_mask(key_padding_mask, q.shape[2]),
+        q, expand_kv(k, heads), expand_kv(v, heads), keep, attention_mask=attention_mask, **settings
     )
     if not return_lse:
         return out
-    lse = _reference_lse(
-        q, k, keep, block_size=block_size, scaling=scaling, q_offset=q_offset, key_padding_mask=key_padding_mask
-    )
-    return out, lse
+    return out, _reference_lse(q, k, keep, key_padding_mask=key_padding_mask, **settings)
 
 
 def block_sparse_attention_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    return_lse: bool = False,
-    key_padding_mask: torch.Tensor | None = None,
-    backend: str = "auto",
-    group_heads: bool | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, return_lse: bool = False,
+    key_padding_mask: torch.Tensor | None = None, backend: str = "auto", group_heads: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Block-sparse causal attention selected by the bool block mask ``keep (B, H, Mq, Mk)``.
 
     ``backend="auto"`` runs the Triton kernel on CUDA tensors when triton is importable and the PyTorch path
@@ -828,9 +670,8 @@ def block_sparse_attention_forward(
     kwargs = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
     if resolve_backend(backend, q) == "torch":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
+    # the kernel call below skips its own checks
+    validate_keep_call(q, k, v, keep, key_padding_mask, block_size=block_size, q_offset=q_offset, scaling=scaling)
     grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=True)
     indices, counts = selection_lists(keep)
     return block_sparse_attention_triton(

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import torch
 
-from ._common import check_kernel_runnable, check_key_padding_mask, is_interpreted, resolve_backend, tl, triton
+from ._common import check_kernel_runnable, describe, is_interpreted, resolve_backend, tl, triton
 from .block_sparse_attention import (
     LOG2_E,
     TileConfig,
@@ -43,8 +43,7 @@ from .block_sparse_attention import (
     resolve_keep_groups,
     selection_lists,
     stacked_heads,
-    validate_keep,
-    validate_qkv,
+    validate_keep_call,
 )
 
 __all__ = ["backward_tile_config", "block_sparse_attention_backward_triton", "block_sparse_flash_attention"]
@@ -107,27 +106,11 @@ if triton is not None:
 
     @triton.jit
     def _dq_step(
-        dq_acc,
-        q_tile,
-        do_tile,
-        row_lse,
-        row_delta,
-        q_pos,
-        block,
-        k,
-        v,
-        kv_row0,
-        key_valid,
-        b,
-        n_k,
-        cols,
-        qk_scale,
-        BS: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        MASKED: tl.constexpr,
+        dq_acc, q_tile, do_tile, row_lse, row_delta, q_pos,  # the query rows' accumulator, tiles and statistics
+        block, k, v, kv_row0, key_valid, b, n_k, cols, qk_scale,  # the key block
+        BS: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr,
         HAS_KEY_MASK: tl.constexpr,
-    ):
+    ):  # fmt: skip
         k_idx = block * BS + tl.arange(0, BS)
         k_index = kv_row0 + k_idx.to(tl.int64)
         k_ok = _key_ok(key_valid, b, k_idx, n_k, HAS_KEY_MASK)  # unused (dead code) in the full path
@@ -143,32 +126,12 @@ if triton is not None:
 
     @triton.jit
     def _block_sparse_dq_kernel(
-        q,
-        k,
-        v,
-        dout,
-        lse,
-        delta,
-        dq,
-        indices,
-        counts,
-        key_valid,
-        heads,
-        kv_group,
-        n_q,
-        n_k,
-        q_blocks,
-        width,
-        q_offset,
-        qk_scale,
-        scaling,
-        BS: tl.constexpr,
-        GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        HAS_KEY_MASK: tl.constexpr,
-    ):
+        q, k, v, dout, lse, delta, dq, indices, counts, key_valid,  # tensors (contiguous)
+        heads, kv_group, n_q, n_k, q_blocks, width, q_offset,       # shapes
+        qk_scale, scaling,                                          # base-2 and natural scales
+        BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    ):  # fmt: skip
         blk = q_blocks - 1 - tl.program_id(0)  # the latest query blocks (the most key blocks) first
         pid = tl.program_id(1).to(tl.int64)
         program_heads = heads // GROUP
@@ -204,31 +167,11 @@ if triton is not None:
 
     @triton.jit
     def _dkdv_step(
-        dk_acc,
-        dv_acc,
-        k_tile,
-        v_tile,
-        k_idx,
-        k_ok,
-        q_blk,
-        q,
-        dout,
-        lse,
-        delta,
-        b,
-        h0,
-        heads,
-        n_q,
-        q_offset,
-        cols,
-        qk_scale,
-        BS: tl.constexpr,
-        GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        MASKED: tl.constexpr,
-    ):
+        dk_acc, dv_acc, k_tile, v_tile, k_idx, k_ok,  # the key block's accumulators and tiles
+        q_blk, q, dout, lse, delta, b, h0, heads, n_q, q_offset, cols, qk_scale,  # the query block
+        BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr,
+    ):  # fmt: skip
         row_index, q_row, row_ok = _stacked_rows(b, h0, heads, q_blk, n_q, BS, GROUP, BLOCK_M)
         q_tile = _rows(q, row_index, row_ok, cols, BLOCK_D, UPCAST_DOT, True)
         do_tile = _rows(dout, row_index, row_ok, cols, BLOCK_D, UPCAST_DOT, True)
@@ -245,33 +188,12 @@ if triton is not None:
 
     @triton.jit
     def _block_sparse_dkdv_kernel(
-        q,
-        k,
-        v,
-        dout,
-        lse,
-        delta,
-        dk,
-        dv,
-        t_indices,
-        t_counts,
-        key_valid,
-        heads,
-        kv_group,
-        n_q,
-        n_k,
-        k_blocks,
-        width,
-        q_offset,
-        qk_scale,
-        scaling,
-        BS: tl.constexpr,
-        GROUP: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        HAS_KEY_MASK: tl.constexpr,
-    ):
+        q, k, v, dout, lse, delta, dk, dv, t_indices, t_counts, key_valid,  # tensors (contiguous)
+        heads, kv_group, n_q, n_k, k_blocks, width, q_offset,               # shapes
+        qk_scale, scaling,                                                  # base-2 and natural scales
+        BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, HAS_KEY_MASK: tl.constexpr,
+    ):  # fmt: skip
         blk = tl.program_id(0)
         pid = tl.program_id(1).to(tl.int64)
         program_heads = heads // GROUP
@@ -314,9 +236,7 @@ if triton is not None:
 
 
 def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offset, key_padding_mask, scaling) -> None:
-    validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-    validate_keep(q, k, keep, block_size)
-    check_key_padding_mask(key_padding_mask, q, k)
+    validate_keep_call(q, k, v, keep, key_padding_mask, block_size=block_size, q_offset=q_offset, scaling=scaling)
     for name, x, shape, dtype in (
         ("out", out, q.shape, q.dtype),
         ("dout", dout, q.shape, q.dtype),
@@ -328,27 +248,16 @@ def _validate_backward_inputs(q, k, v, out, lse, dout, keep, block_size, q_offse
             or x.dtype != dtype
             or x.device != q.device
         ):
-            got = f"{x.dtype} {tuple(x.shape)} on {x.device}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a {dtype} tensor of shape {tuple(shape)} on {q.device}, got {got}")
+            expected = f"a {dtype} tensor of shape {tuple(shape)} on {q.device}"
+            raise ValueError(f"{name} must be {expected}, got {describe(x)}")
 
 
 def block_sparse_attention_backward_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    dout: torch.Tensor,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
     keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    key_padding_mask: torch.Tensor | None = None,
-    validate: bool = True,
-    group_heads: bool | None = None,
-    tiles: TileConfig | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    *, block_size: int, scaling: float, q_offset: int = 0, key_padding_mask: torch.Tensor | None = None,
+    validate: bool = True, group_heads: bool | None = None, tiles: TileConfig | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """Gradients ``(dq, dk, dv)`` of block-sparse attention given the forward's ``out`` and fp32 ``lse``.
 
     ``keep (B, H, Mq, Mk)`` is the block selection the forward used; ``dout`` is the gradient of ``out``. dk / dv
@@ -415,22 +324,13 @@ class _BlockSparseFlashAttention(torch.autograd.Function):
     def forward(ctx, q, k, v, keep, key_padding_mask, block_size, scaling, q_offset, group_heads):
         grouped = group_heads  # resolved by block_sparse_flash_attention
         indices, counts = selection_lists(keep)
-        out, lse = block_sparse_attention_triton(
-            q,
-            k,
-            v,
-            indices,
-            counts,
-            block_size=block_size,
-            scaling=scaling,
-            q_offset=q_offset,
-            return_lse=True,
-            key_padding_mask=key_padding_mask,
-            validate=False,  # checked by block_sparse_flash_attention
-            group_heads=grouped,
-        )
-        ctx.save_for_backward(q, k, v, out, lse, keep, key_padding_mask)
         ctx.settings = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "group_heads": grouped}
+        out, lse = block_sparse_attention_triton(
+            q, k, v, indices, counts, return_lse=True, key_padding_mask=key_padding_mask,
+            validate=False,  # checked by block_sparse_flash_attention
+            **ctx.settings,
+        )  # fmt: skip
+        ctx.save_for_backward(q, k, v, out, lse, keep, key_padding_mask)
         return out
 
     @staticmethod
@@ -443,19 +343,10 @@ class _BlockSparseFlashAttention(torch.autograd.Function):
 
 
 def block_sparse_flash_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    key_padding_mask: torch.Tensor | None = None,
-    backend: str = "auto",
-    validate: bool = True,
-    group_heads: bool | None = None,
-) -> torch.Tensor:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, key_padding_mask: torch.Tensor | None = None,
+    backend: str = "auto", validate: bool = True, group_heads: bool | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Differentiable block-sparse causal attention: Triton forward and backward, or the PyTorch path.
 
     Same arguments as :func:`hf_icl.kernels.block_sparse_attention.block_sparse_attention_forward`; gradients flow
@@ -475,8 +366,6 @@ def block_sparse_flash_attention(
     if resolve_backend(backend, q) == "torch":
         return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
     if validate:
-        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-        validate_keep(q, k, keep, block_size)
-        check_key_padding_mask(key_padding_mask, q, k)
+        validate_keep_call(q, k, v, keep, key_padding_mask, **kwargs)
     grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=validate)
     return _BlockSparseFlashAttention.apply(q, k, v, keep, key_padding_mask, block_size, scaling, q_offset, grouped)

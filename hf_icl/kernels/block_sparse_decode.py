@@ -33,7 +33,6 @@ import torch
 from ._common import (
     check_attention_tensor,
     check_kernel_runnable,
-    check_key_padding_mask,
     is_interpreted,
     resolve_backend,
     tl,
@@ -52,9 +51,8 @@ from .block_sparse_attention import (
     resolve_keep_groups,
     selection_lists,
     triton_next_power_of_2,
-    validate_keep,
-    validate_qkv,
-    validate_selection,
+    validate_keep_call,
+    validate_list_call,
 )
 
 __all__ = [
@@ -75,29 +73,11 @@ if triton is not None:
 
     @triton.jit
     def _decode_key_block(
-        acc,
-        m_i,
-        l_i,
-        q_tile,
-        block,
-        k_base,
-        v_base,
-        ks_n,
-        ks_d,
-        vs_n,
-        vs_d,
-        cols,
-        n_k,
-        q_pos,
-        key_valid_row,
-        kvs_n,
-        qk_scale,
-        BS: tl.constexpr,
-        USE_DOT: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        MASKED: tl.constexpr,
+        acc, m_i, l_i, q_tile, block,  # the running softmax state, the query rows, the key block
+        k_base, v_base, ks_n, ks_d, vs_n, vs_d, cols, n_k, q_pos, key_valid_row, kvs_n, qk_scale,
+        BS: tl.constexpr, USE_DOT: tl.constexpr, UPCAST_DOT: tl.constexpr, MASKED: tl.constexpr,
         HAS_KEY_MASK: tl.constexpr,
-    ):
+    ):  # fmt: skip
         """One online-softmax step of the stacked query rows over key block ``block``; ``MASKED=False`` is the
         full-block path (no bounds, causal or padding masks, no ``-inf`` guards)."""
         k_pos = block * BS + tl.arange(0, BS)
@@ -124,51 +104,13 @@ if triton is not None:
 
     @triton.jit
     def _block_sparse_decode_kernel(
-        q,
-        k,
-        v,
-        part_acc,
-        part_m,
-        part_l,
-        indices,
-        counts,
-        key_valid,
-        row_starts,
-        heads,
-        kv_group,
-        n_k,
-        q_pos,
-        qk_scale,
-        blocks_per_split,
-        num_splits,
-        qs_b,
-        qs_h,
-        qs_d,
-        ks_b,
-        ks_h,
-        ks_n,
-        ks_d,
-        vs_b,
-        vs_h,
-        vs_n,
-        vs_d,
-        is_b,
-        is_h,
-        is_k,
-        cs_b,
-        cs_h,
-        kvs_b,
-        kvs_n,
-        rs_b,
-        BS: tl.constexpr,
-        GROUP: tl.constexpr,
-        BLOCK_G: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        USE_DOT: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
-        HAS_KEY_MASK: tl.constexpr,
-        HAS_ROW_STARTS: tl.constexpr,
-    ):
+        q, k, v, part_acc, part_m, part_l, indices, counts, key_valid, row_starts,  # tensors
+        heads, kv_group, n_k, q_pos, qk_scale, blocks_per_split, num_splits,        # shapes, base-2 scale, splits
+        qs_b, qs_h, qs_d, ks_b, ks_h, ks_n, ks_d, vs_b, vs_h, vs_n, vs_d,           # q / k / v strides
+        is_b, is_h, is_k, cs_b, cs_h, kvs_b, kvs_n, rs_b,  # indices / counts / key_valid / row_starts strides
+        BS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, USE_DOT: tl.constexpr,
+        UPCAST_DOT: tl.constexpr, HAS_KEY_MASK: tl.constexpr, HAS_ROW_STARTS: tl.constexpr,
+    ):  # fmt: skip
         """One program per (split, batch, GROUP query heads sharing a selection): online softmax of the heads'
         query rows over list entries [split * bps, (split + 1) * bps), full blocks first, then masked ones.
         ``HAS_ROW_STARTS``: row b's keys begin at cache row ``row_starts[b]`` (read here, no host sync); its K / V
@@ -261,23 +203,11 @@ def _merge_splits(
 
 
 def block_sparse_decode_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    key_padding_mask: torch.Tensor | None = None,
-    blocks_per_split: int | None = None,
-    return_lse: bool = False,
-    validate: bool = True,
-    group_heads: bool | None = None,
-    tiles: TileConfig | None = None,
-    row_starts: torch.Tensor | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, key_padding_mask: torch.Tensor | None = None,
+    blocks_per_split: int | None = None, return_lse: bool = False, validate: bool = True,
+    group_heads: bool | None = None, tiles: TileConfig | None = None, row_starts: torch.Tensor | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Split-K decode of ``q (B, H, 1, D)`` at absolute position ``q_offset`` over ``k`` / ``v (B, H / g, Nk, D)``.
 
     ``indices (B, H, 1, K)`` / ``counts (B, H, 1)`` list each head's cache blocks (the selection layout);
@@ -297,9 +227,9 @@ def block_sparse_decode_triton(
     if validate:
         if q.dim() == 4 and q.shape[2] != 1:
             raise ValueError(f"q must hold one token per head for decode (q.shape[2] == 1), got {tuple(q.shape)}")
-        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-        validate_selection(q, k, indices, counts, block_size)
-        check_key_padding_mask(key_padding_mask, q, k)
+        validate_list_call(
+            q, k, v, indices, counts, key_padding_mask, block_size=block_size, q_offset=q_offset, scaling=scaling
+        )
         _check_row_starts(row_starts, q, k)
     check_kernel_runnable(_block_sparse_decode_kernel, q, "block_sparse_decode_triton")
     batch, heads, _, head_dim = q.shape
@@ -320,46 +250,19 @@ def block_sparse_decode_triton(
     part_l = torch.empty_like(part_m)
     key_valid = key_valid_tensor(key_padding_mask, q)
     if batch * heads > 0:
+        stacked = tiles.heads_per_program
         _block_sparse_decode_kernel[(num_splits, programs)](
-            q,
-            k,
-            v,
-            part_acc,
-            part_m,
-            part_l,
-            indices,
-            counts,
-            key_valid,
+            q, k, v, part_acc, part_m, part_l, indices, counts, key_valid,
             key_valid if row_starts is None else row_starts,  # a placeholder (unread) without row starts
-            heads,
-            kv_group,
-            k.shape[2],
-            q_offset,
-            float(scaling) * LOG2_E,
-            blocks_per_split,
-            num_splits,
-            q.stride(0),
-            q.stride(1),
-            q.stride(3),
-            *k.stride(),
-            *v.stride(),
-            indices.stride(0),
-            indices.stride(1),
-            indices.stride(3),
-            counts.stride(0),
-            counts.stride(1),
-            *key_valid.stride(),
-            0 if row_starts is None else row_starts.stride(0),
-            BS=block_size,
-            GROUP=tiles.heads_per_program,
-            BLOCK_G=1 if tiles.heads_per_program == 1 else max(16, triton_next_power_of_2(tiles.heads_per_program)),
-            BLOCK_D=head_dim,
-            USE_DOT=tiles.heads_per_program > 1,
-            UPCAST_DOT=is_interpreted(_block_sparse_decode_kernel),
-            HAS_KEY_MASK=key_padding_mask is not None,
-            HAS_ROW_STARTS=row_starts is not None,
+            heads, kv_group, k.shape[2], q_offset, float(scaling) * LOG2_E, blocks_per_split, num_splits,
+            q.stride(0), q.stride(1), q.stride(3), *k.stride(), *v.stride(),
+            indices.stride(0), indices.stride(1), indices.stride(3), counts.stride(0), counts.stride(1),
+            *key_valid.stride(), 0 if row_starts is None else row_starts.stride(0),
+            BS=block_size, GROUP=stacked, BLOCK_G=1 if stacked == 1 else max(16, triton_next_power_of_2(stacked)),
+            BLOCK_D=head_dim, USE_DOT=stacked > 1, UPCAST_DOT=is_interpreted(_block_sparse_decode_kernel),
+            HAS_KEY_MASK=key_padding_mask is not None, HAS_ROW_STARTS=row_starts is not None,
             **tiles.launch(),
-        )
+        )  # fmt: skip
     out, lse = _merge_splits(part_acc, part_m, part_l)
     out = out.to(q.dtype).unsqueeze(2)
     return (out, lse.unsqueeze(2)) if return_lse else out
@@ -389,47 +292,21 @@ def _check_single_query(q) -> None:
 
 
 def block_sparse_decode_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    key_padding_mask: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, key_padding_mask: torch.Tensor | None = None,
     return_lse: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """PyTorch path: the prefill reference with a single query row (which allows any ``q_offset``)."""
     _check_single_query(q)
-    return block_sparse_attention_reference(
-        q,
-        k,
-        v,
-        keep,
-        block_size=block_size,
-        scaling=scaling,
-        q_offset=q_offset,
-        return_lse=return_lse,
-        key_padding_mask=key_padding_mask,
-    )
+    settings = {"block_size": block_size, "scaling": scaling, "q_offset": q_offset, "return_lse": return_lse}
+    return block_sparse_attention_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **settings)
 
 
 def block_sparse_decode(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    key_padding_mask: torch.Tensor | None = None,
-    return_lse: bool = False,
-    backend: str = "auto",
-    validate: bool = True,
-    group_heads: bool | None = None,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, key_padding_mask: torch.Tensor | None = None,
+    return_lse: bool = False, backend: str = "auto", validate: bool = True, group_heads: bool | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Decode attention over the cache blocks kept by ``keep (B, H, 1, Mk)``: split-K kernel on CUDA, else PyTorch.
 
     ``backend``: ``"auto"``, ``"triton"`` or ``"torch"``. ``validate=False`` skips the kernel path's input checks and
@@ -447,10 +324,8 @@ def block_sparse_decode(
     _check_single_query(q)
     if resolve_backend(backend, q) == "torch":
         return block_sparse_decode_reference(q, k, v, keep, key_padding_mask=key_padding_mask, **kwargs)
-    if validate:
-        validate_qkv(q, k, v, block_size, q_offset, scaling=scaling)
-        validate_keep(q, k, keep, block_size)
-        check_key_padding_mask(key_padding_mask, q, k)  # the kernel call below skips its own checks
+    if validate:  # the kernel call below skips its own checks
+        validate_keep_call(q, k, v, keep, key_padding_mask, block_size=block_size, q_offset=q_offset, scaling=scaling)
     grouped = resolve_keep_groups(group_heads, keep, k.shape[1], check=validate)
     indices, counts = selection_lists(keep)
     return block_sparse_decode_triton(

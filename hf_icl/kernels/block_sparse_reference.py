@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import check_scaling
+from ._common import describe
 
 
 def selected_block_indices(keep: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,17 +57,10 @@ def _blocks(x: torch.Tensor, block_size: int) -> torch.Tensor:
 
 
 def block_sparse_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    attention_mask: torch.Tensor | None = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, attention_mask: torch.Tensor | None = None,
     dropout: float = 0.0,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Causal attention of ``query (B, H, Nq, D)`` over the kept blocks of ``key``/``value (B, H, Nk, D)``.
 
     Args:
@@ -125,8 +119,9 @@ def _check_arguments(query, key, value, keep, block_size, scaling, q_offset, att
     """Shapes, dtypes, devices and scalars of :func:`block_sparse_attention` (no device sync)."""
     for name, x in (("query", query), ("key", key), ("value", value)):
         if not isinstance(x, torch.Tensor) or x.dim() != 4 or not x.is_floating_point():
-            got = f"{x.dtype} tensor of shape {tuple(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"{name} must be a 4-D (batch, heads, tokens, head_dim) floating-point tensor, got {got}")
+            raise ValueError(
+                f"{name} must be a 4-D (batch, heads, tokens, head_dim) floating-point tensor, got {describe(x)}"
+            )
         if x.dtype != query.dtype or x.device != query.device:
             raise ValueError(
                 f"{name} must have query's dtype and device ({query.dtype} on {query.device}), "
@@ -152,8 +147,7 @@ def _check_arguments(query, key, value, keep, block_size, scaling, q_offset, att
         raise ValueError(f"dropout must be a probability in [0, 1), got {dropout!r}")
     expected = (*query.shape[:2], -(-query.shape[2] // block_size), -(-key.shape[2] // block_size))
     if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or tuple(keep.shape) != expected:
-        got = f"{keep.dtype} tensor of shape {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep)
-        raise ValueError(f"keep must be a bool tensor of shape (B, H, Mq, Mk)={expected}, got {got}")
+        raise ValueError(f"keep must be a bool tensor of shape (B, H, Mq, Mk)={expected}, got {describe(keep)}")
     if keep.device != query.device:
         raise ValueError(f"keep must be on query's device {query.device}, got {keep.device}")
     if attention_mask is not None:
@@ -166,12 +160,9 @@ def _check_arguments(query, key, value, keep, block_size, scaling, q_offset, att
             and tuple(attention_mask.shape[2:]) == (query.shape[2], key.shape[2])
         )
         if not mask_ok:
-            got = (
-                f"{attention_mask.dtype} tensor of shape {tuple(attention_mask.shape)}"
-                if isinstance(attention_mask, torch.Tensor)
-                else type(attention_mask).__name__
+            raise ValueError(
+                f"attention_mask must be None or a bool (B, 1 or H, Nq, Nk) tensor, got {describe(attention_mask)}"
             )
-            raise ValueError(f"attention_mask must be None or a bool (B, 1 or H, Nq, Nk) tensor, got {got}")
 
 
 def _gather_token_mask(
@@ -194,16 +185,9 @@ def token_mask(keep: torch.Tensor, block_size: int, n_q: int, n_k: int, q_offset
 
 
 def dense_masked_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    attention_mask: torch.Tensor | None = None,
-) -> torch.Tensor:
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, keep: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, attention_mask: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Reference: full N×N attention masked to the same blocks (for tests and small inputs)."""
     allowed = token_mask(keep, block_size, query.shape[2], key.shape[2], q_offset)
     if attention_mask is not None:

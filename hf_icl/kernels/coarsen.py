@@ -117,24 +117,10 @@ if triton is not None:
 
     @triton.jit
     def _coarsen_block(
-        src,
-        dst,
-        bh,
-        blk,
-        heads,
-        n_tokens,
-        head_dim,
-        s_b,
-        s_h,
-        s_n,
-        s_d,
-        o_b,
-        o_h,
-        o_n,
-        o_d,
-        BLOCK_SIZE: tl.constexpr,
-        D_CHUNK: tl.constexpr,
-    ):
+        src, dst, bh, blk, heads, n_tokens, head_dim,
+        s_b, s_h, s_n, s_d, o_b, o_h, o_n, o_d,  # src / dst strides
+        BLOCK_SIZE: tl.constexpr, D_CHUNK: tl.constexpr,
+    ):  # fmt: skip
         """Copy the max-L2 row of token block ``blk`` of (batch, head) ``bh`` from ``src`` to ``dst``."""
         # int64 offsets: B * H * N * D can exceed 2**31 for long KV caches.
         b = (bh // heads).to(tl.int64)
@@ -168,80 +154,26 @@ if triton is not None:
 
     @triton.jit
     def _coarsen_max_l2_kernel(
-        q,
-        k,
-        q_out,
-        k_out,
-        heads,
-        n_q,
-        n_k,
-        head_dim,
-        q_blocks,
-        k_blocks,
-        q_programs,
-        qs_b,
-        qs_h,
-        qs_n,
-        qs_d,
-        ks_b,
-        ks_h,
-        ks_n,
-        ks_d,
-        qo_b,
-        qo_h,
-        qo_n,
-        qo_d,
-        ko_b,
-        ko_h,
-        ko_n,
-        ko_d,
-        BLOCK_SIZE: tl.constexpr,
-        D_CHUNK: tl.constexpr,
-    ):
+        q, k, q_out, k_out,                                          # tensors
+        heads, n_q, n_k, head_dim, q_blocks, k_blocks, q_programs,  # shapes
+        qs_b, qs_h, qs_n, qs_d, ks_b, ks_h, ks_n, ks_d,              # q / k strides
+        qo_b, qo_h, qo_n, qo_d, ko_b, ko_h, ko_n, ko_d,              # q_out / k_out strides
+        BLOCK_SIZE: tl.constexpr, D_CHUNK: tl.constexpr,
+    ):  # fmt: skip
         """One program per (batch * head, block) of q, then one per (batch * head, block) of k."""
         pid = tl.program_id(0)
         # A flat grid (q programs first) avoids idle programs when Nq and Nk differ a lot (decode vs. KV cache).
         if pid < q_programs:
             _coarsen_block(
-                q,
-                q_out,
-                pid // q_blocks,
-                pid % q_blocks,
-                heads,
-                n_q,
-                head_dim,
-                qs_b,
-                qs_h,
-                qs_n,
-                qs_d,
-                qo_b,
-                qo_h,
-                qo_n,
-                qo_d,
-                BLOCK_SIZE,
-                D_CHUNK,
-            )
+                q, q_out, pid // q_blocks, pid % q_blocks, heads, n_q, head_dim,
+                qs_b, qs_h, qs_n, qs_d, qo_b, qo_h, qo_n, qo_d, BLOCK_SIZE, D_CHUNK,
+            )  # fmt: skip
         else:
             p = pid - q_programs
             _coarsen_block(
-                k,
-                k_out,
-                p // k_blocks,
-                p % k_blocks,
-                heads,
-                n_k,
-                head_dim,
-                ks_b,
-                ks_h,
-                ks_n,
-                ks_d,
-                ko_b,
-                ko_h,
-                ko_n,
-                ko_d,
-                BLOCK_SIZE,
-                D_CHUNK,
-            )
+                k, k_out, p // k_blocks, p % k_blocks, heads, n_k, head_dim,
+                ks_b, ks_h, ks_n, ks_d, ko_b, ko_h, ko_n, ko_d, BLOCK_SIZE, D_CHUNK,
+            )  # fmt: skip
 
 
 def coarsen_max_l2_triton(q: torch.Tensor, k: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -263,25 +195,11 @@ def coarsen_max_l2_triton(q: torch.Tensor, k: torch.Tensor, block_size: int) -> 
         return q_out, k_out
     d_chunk = min(_MAX_D_CHUNK, triton.next_power_of_2(head_dim))
     _coarsen_max_l2_kernel[(n_programs,)](
-        q,
-        k,
-        q_out,
-        k_out,
-        heads,
-        n_q,
-        n_k,
-        head_dim,
-        q_blocks,
-        k_blocks,
-        q_programs,
-        *q.stride(),
-        *k.stride(),
-        *q_out.stride(),
-        *k_out.stride(),
-        BLOCK_SIZE=block_size,
-        D_CHUNK=d_chunk,
-        num_warps=4,
-    )
+        q, k, q_out, k_out,
+        heads, n_q, n_k, head_dim, q_blocks, k_blocks, q_programs,
+        *q.stride(), *k.stride(), *q_out.stride(), *k_out.stride(),
+        BLOCK_SIZE=block_size, D_CHUNK=d_chunk, num_warps=4,
+    )  # fmt: skip
     return q_out, k_out
 
 

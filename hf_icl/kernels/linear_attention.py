@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ..validation import check_choice, check_float, check_int
+from ._common import check_4d_tensor
 
 __all__ = [
     "BACKENDS",
@@ -150,12 +151,7 @@ def _describe(x) -> str:
 
 def _check_tensor(name: str, x) -> None:
     """``x`` must be a 4-D ``(B, H, T, dim)`` tensor of a supported dtype with ≥ 1 token and ≥ 1 channel."""
-    if not isinstance(x, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 4:
-        raise ValueError(f"{name} must be 4-D (batch, heads, tokens, dim), got shape {tuple(x.shape)}")
-    if x.dtype not in INPUT_DTYPES:
-        raise ValueError(f"{name}.dtype must be one of {[str(d) for d in INPUT_DTYPES]}, got {x.dtype}")
+    check_4d_tensor(name, x, INPUT_DTYPES, "(batch, heads, tokens, dim)")
     if x.shape[2] < 1 or x.shape[3] < 1:
         raise ValueError(f"{name} needs at least 1 token (dim 2) and 1 channel (dim 3), got shape {tuple(x.shape)}")
 

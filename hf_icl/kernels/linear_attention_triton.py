@@ -105,37 +105,12 @@ if triton is not None:
 
     @triton.jit
     def _chunked_linear_attention_kernel(
-        a,
-        b,
-        c,
-        out,
-        heads,
-        n_tokens,
-        k_dim,
-        v_dim,
-        as_b,
-        as_h,
-        as_t,
-        as_d,
-        bs_b,
-        bs_h,
-        bs_t,
-        bs_d,
-        cs_b,
-        cs_h,
-        cs_t,
-        cs_d,
-        os_b,
-        os_h,
-        os_t,
-        os_d,
-        BLOCK_T: tl.constexpr,
-        BLOCK_K: tl.constexpr,
-        BLOCK_V: tl.constexpr,
-        REVERSE: tl.constexpr,
-        UPCAST: tl.constexpr,
-        PRECISION: tl.constexpr,
-    ):
+        a, b, c, out,                  # tensors
+        heads, n_tokens, k_dim, v_dim,  # shapes
+        as_b, as_h, as_t, as_d, bs_b, bs_h, bs_t, bs_d, cs_b, cs_h, cs_t, cs_d, os_b, os_h, os_t, os_d,  # strides
+        BLOCK_T: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+        REVERSE: tl.constexpr, UPCAST: tl.constexpr, PRECISION: tl.constexpr,
+    ):  # fmt: skip
         """``out = mask(A B^T) C + A S`` chunk by chunk, S = sum B^T C over earlier (or, REVERSE, later) chunks."""
         bh = tl.program_id(0)
         v_block = tl.program_id(1)
@@ -213,28 +188,15 @@ def _chunked_pass(a: torch.Tensor, b: torch.Tensor, c: torch.Tensor, *, chunk_si
     interpreted = is_interpreted(_chunked_linear_attention_kernel)
     grid = (batch * heads, triton.cdiv(v_dim, block_v))
     _chunked_linear_attention_kernel[grid](
-        a,
-        b,
-        c,
-        out,
-        heads,
-        n_tokens,
-        k_dim,
-        v_dim,
-        *a.stride(),
-        *b.stride(),
-        *c.stride(),
-        *out.stride(),
-        BLOCK_T=block_t,
-        BLOCK_K=block_k,
-        BLOCK_V=block_v,
-        REVERSE=reverse,
-        UPCAST=interpreted and a.dtype != torch.float32,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        a, b, c, out,
+        heads, n_tokens, k_dim, v_dim,
+        *a.stride(), *b.stride(), *c.stride(), *out.stride(),
+        BLOCK_T=block_t, BLOCK_K=block_k, BLOCK_V=block_v, REVERSE=reverse,
+        UPCAST=interpreted and a.dtype != torch.float32, PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         # larger tiles (and a wider fp32 state) get more warps; untuned
         num_warps=4 if block_t * max(block_k, block_v) <= 64 * 64 else 8,
         num_stages=2,
-    )
+    )  # fmt: skip
     return out
 
 

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ._common import describe
+
 __all__ = [
     "H100_SXM",
     "AttentionFloor",
@@ -112,6 +114,12 @@ def _check_positive_int(name: str, value, minimum: int = 1) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def _check_ints(minimum: int = 1, /, **values) -> None:
+    """Every keyword's value must be an int >= ``minimum`` (checked in the order given)."""
+    for name, value in values.items():
+        _check_positive_int(name, value, minimum)
+
+
 def _clamped_prefix_sum(n: torch.Tensor, cap: torch.Tensor) -> torch.Tensor:
     """``sum_{u=0..n} clamp(u, 0, cap)`` elementwise (0 for n < 0), in int64."""
     n = n.clamp_min(-1)
@@ -141,16 +149,9 @@ def attended_pairs(block_size: int, n_q: int, n_k: int, q_offset: int = 0) -> to
 
 def block_sparse_floor(
     keep: torch.Tensor,
-    *,
-    block_size: int,
-    n_q: int,
-    n_k: int,
-    head_dim: int,
-    q_offset: int = 0,
-    kv_heads: int | None = None,
-    element_size: int = 2,
-    group_reads: bool | None = None,
-) -> AttentionFloor:
+    *, block_size: int, n_q: int, n_k: int, head_dim: int, q_offset: int = 0, kv_heads: int | None = None,
+    element_size: int = 2, group_reads: bool | None = None,
+) -> AttentionFloor:  # fmt: skip
     """The floor of block-sparse causal attention over the selection ``keep (B, H, Mq, Mk)``.
 
     Args:
@@ -170,17 +171,10 @@ def block_sparse_floor(
     (True, 80.0)
     """
     if not isinstance(keep, torch.Tensor) or keep.dtype != torch.bool or keep.dim() != 4:
-        got = f"{keep.dtype} {tuple(keep.shape)}" if isinstance(keep, torch.Tensor) else type(keep).__name__
-        raise ValueError(f"keep must be a bool (B, H, Mq, Mk) tensor, got {got}")
-    for name, value, minimum in (
-        ("block_size", block_size, 1),
-        ("n_q", n_q, 1),
-        ("n_k", n_k, 1),
-        ("head_dim", head_dim, 1),
-        ("q_offset", q_offset, 0),
-        ("element_size", element_size, 1),
-    ):
-        _check_positive_int(name, value, minimum)
+        raise ValueError(f"keep must be a bool (B, H, Mq, Mk) tensor, got {describe(keep)}")
+    _check_ints(block_size=block_size, n_q=n_q, n_k=n_k, head_dim=head_dim)
+    _check_ints(0, q_offset=q_offset)
+    _check_ints(element_size=element_size)
     batch, heads, m_q, m_k = keep.shape
     expected = (math.ceil(n_q / block_size), math.ceil(n_k / block_size))
     if (m_q, m_k) != expected:
@@ -220,14 +214,7 @@ def dense_causal_floor(
     >>> dense_causal_floor(batch=1, heads=2, n=4, head_dim=8, element_size=1).flops
     640.0
     """
-    for name, value in (
-        ("batch", batch),
-        ("heads", heads),
-        ("n", n),
-        ("head_dim", head_dim),
-        ("element_size", element_size),
-    ):
-        _check_positive_int(name, value)
+    _check_ints(batch=batch, heads=heads, n=n, head_dim=head_dim, element_size=element_size)
     kv_heads = heads if kv_heads is None else kv_heads
     _check_positive_int("kv_heads", kv_heads)
     if heads % kv_heads:
@@ -245,9 +232,8 @@ def dense_causal_pairs(n_q: int, n_k: int, block_size: int, q_offset: int = 0) -
     >>> dense_causal_pairs(5, 5, 2)  # positions 0,1 see block 0; 2,3 blocks 0-1; 4 blocks 0-2
     9
     """
-    checks = (("n_q", n_q, 1), ("n_k", n_k, 1), ("block_size", block_size, 1), ("q_offset", q_offset, 0))
-    for name, value, minimum in checks:
-        _check_positive_int(name, value, minimum)
+    _check_ints(n_q=n_q, n_k=n_k, block_size=block_size)
+    _check_ints(0, q_offset=q_offset)
     if q_offset + n_q > n_k:
         raise ValueError(f"the queries must lie inside the keys: q_offset + n_q = {q_offset + n_q} > n_k = {n_k}")
 
@@ -311,16 +297,9 @@ def token_sparse_work(
     (5, 32.0)
     """
     if not isinstance(counts, torch.Tensor) or counts.dim() != 3 or counts.dtype.is_floating_point:
-        got = f"{counts.dtype} {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) else type(counts).__name__
-        raise ValueError(f"counts must be an integer (B, H, Nq) tensor, got {got}")
-    for name, value, minimum in (
-        ("block_size", block_size, 1),
-        ("head_dim", head_dim, 1),
-        ("dtype_bytes", dtype_bytes, 1),
-        ("n_keys", n_keys, 1),
-        ("q_offset", q_offset, 0),
-    ):
-        _check_positive_int(name, value, minimum)
+        raise ValueError(f"counts must be an integer (B, H, Nq) tensor, got {describe(counts)}")
+    _check_ints(block_size=block_size, head_dim=head_dim, dtype_bytes=dtype_bytes, n_keys=n_keys)
+    _check_ints(0, q_offset=q_offset)
     batch, rows, n_q = counts.shape
     if q_offset + n_q > n_keys:
         raise ValueError(f"the queries must lie inside the keys: q_offset + Nq = {q_offset + n_q} > n_keys = {n_keys}")

@@ -49,7 +49,15 @@ import struct
 import torch
 
 from ...validation import check_choice, check_float, check_int, check_scaling
-from .._common import SUPPORTED_DTYPES, check_attention_tensor, check_kernel_runnable, is_interpreted, tl, triton
+from .._common import (
+    SUPPORTED_DTYPES,
+    check_attention_tensor,
+    check_kernel_runnable,
+    describe,
+    is_interpreted,
+    tl,
+    triton,
+)
 from .policies import FRC_POLICIES as _FRC_POLICIES
 from .policies import FUSED_BUDGETS, FUSED_POLICIES
 from .policies import SCORED_POLICIES as _SCORED_POLICIES
@@ -120,18 +128,9 @@ if triton is not None:
 
     @triton.jit
     def _summary_products(
-        q_rows,
-        qs_d,
-        row_ok,
-        summary,
-        s_rows,
-        ss_d,
-        summary_ok,
-        head_dim,
-        SIGN: tl.constexpr,
-        ROWS: tl.constexpr,
-        MK: tl.constexpr,
-    ):
+        q_rows, qs_d, row_ok, summary, s_rows, ss_d, summary_ok, head_dim,
+        SIGN: tl.constexpr, ROWS: tl.constexpr, MK: tl.constexpr,
+    ):  # fmt: skip
         """``q · summary`` for every (row, key block), float32 ``(ROWS, MK)``: one outer product per head dim (in
         registers, so any number of key blocks up to the register budget and no shared memory); ``SIGN`` 1 / -1 keeps
         only the query's positive / negative components (the bound score's two halves), 0 all of them."""
@@ -148,17 +147,9 @@ if triton is not None:
 
     @triton.jit
     def _frc(
-        scores,
-        candidate,
-        hop_base,
-        hs_r,
-        cols,
-        n_summaries,
-        lam,
-        ROWS: tl.constexpr,
-        MK: tl.constexpr,
-        HOP_CHUNK: tl.constexpr,
-    ):
+        scores, candidate, hop_base, hs_r, cols, n_summaries, lam,
+        ROWS: tl.constexpr, MK: tl.constexpr, HOP_CHUNK: tl.constexpr,
+    ):  # fmt: skip
         """Causal FRC per row: ``A - lam * (A @ hop) / n_candidates`` on the candidates, 0 elsewhere. ``hop_base``
         points at row 0 of this KV head's ``hop`` matrix, one pointer per column ``cols``; ``hs_r`` is its row
         stride."""
@@ -194,63 +185,15 @@ if triton is not None:
 
     @triton.jit
     def _token_selection_kernel(
-        q,
-        s_first,
-        s_second,
-        hop,
-        token_keep,
-        indices,
-        counts,
-        group,
-        kv_heads,
-        n_q,
-        q_offset,
-        n_blocks,
-        n_summaries,
-        head_dim,
-        block_size,
-        scaling,
-        keep_fraction_bits,
-        topk,
-        sink_blocks,
-        local_blocks,
-        min_seq_len,
-        lam,
-        magnitude_fraction,
-        width,
-        qs_b,
-        qs_h,
-        qs_n,
-        qs_d,
-        ss_b,
-        ss_h,
-        ss_m,
-        ss_d,
-        hs_b,
-        hs_h,
-        hs_r,
-        hs_m,
-        ks_b,
-        ks_h,
-        ks_n,
-        ks_m,
-        is_b,
-        is_h,
-        is_n,
-        is_w,
-        cs_b,
-        cs_h,
-        cs_n,
-        POLICY: tl.constexpr,
-        BOUND: tl.constexpr,
-        ROW_BUDGET: tl.constexpr,
-        BLOCK_T: tl.constexpr,
-        ROWS: tl.constexpr,
-        MK: tl.constexpr,
-        HOP_CHUNK: tl.constexpr,
-        WIDTH_PAD: tl.constexpr,
+        q, s_first, s_second, hop, token_keep, indices, counts,  # tensors
+        group, kv_heads, n_q, q_offset, n_blocks, n_summaries, head_dim, block_size, scaling,  # shapes, scale
+        keep_fraction_bits, topk, sink_blocks, local_blocks, min_seq_len, lam, magnitude_fraction, width,  # the rule
+        qs_b, qs_h, qs_n, qs_d, ss_b, ss_h, ss_m, ss_d, hs_b, hs_h, hs_r, hs_m,  # q / summaries / hop strides
+        ks_b, ks_h, ks_n, ks_m, is_b, is_h, is_n, is_w, cs_b, cs_h, cs_n,        # token_keep / indices / counts strides
+        POLICY: tl.constexpr, BOUND: tl.constexpr, ROW_BUDGET: tl.constexpr, BLOCK_T: tl.constexpr,
+        ROWS: tl.constexpr, MK: tl.constexpr, HOP_CHUNK: tl.constexpr, WIDTH_PAD: tl.constexpr,
         WRITE_INDICES: tl.constexpr,
-    ):
+    ):  # fmt: skip
         """One program per (tile of BLOCK_T query tokens, batch * KV head); its rows are (group head, token)."""
         tile = tl.program_id(0)
         bk = tl.program_id(1)
@@ -346,17 +289,10 @@ def _next_power_of_2(n: int) -> int:
 
 def selection_width(
     n_blocks: int,
-    *,
-    n_keys: int,
-    block_size: int,
-    policy: str,
-    budget: str = "row",
-    sparsity: float = 0.9,
-    topk: int = 8,
-    sink_blocks: int = 1,
-    local_blocks: int = 1,
+    *, n_keys: int, block_size: int, policy: str,
+    budget: str = "row", sparsity: float = 0.9, topk: int = 8, sink_blocks: int = 1, local_blocks: int = 1,
     min_seq_len: int = 0,
-) -> int:
+) -> int:  # fmt: skip
     """A host-side bound on how many blocks any query token keeps (the indices' last dim), from the arguments only.
 
     A token keeps ``max(n_forced, budget)`` blocks (forced ones count toward the budget), every visible block when
@@ -438,7 +374,7 @@ def _validate(query, summaries, hop, n_keys, block_size, policy, budget, sparsit
     least = max(0, (n_keys - 1) // block_size)
     for i, s in enumerate(summaries):
         if not isinstance(s, torch.Tensor) or s.dtype != torch.float32 or s.dim() != 4:
-            raise ValueError(f"summaries[{i}] must be a float32 (B, Hk, Mk, D) tensor, got {_describe(s)}")
+            raise ValueError(f"summaries[{i}] must be a float32 (B, Hk, Mk, D) tensor, got {describe(s)}")
         if s.shape != summaries[0].shape:
             raise ValueError(f"summaries must share one shape, got {[tuple(x.shape) for x in summaries]}")
         if s.device != query.device:
@@ -457,15 +393,9 @@ def _validate(query, summaries, hop, n_keys, block_size, policy, budget, sparsit
     if policy in _FRC_POLICIES:
         expected = (batch, kv_heads, n_summaries, n_summaries)
         if not isinstance(hop, torch.Tensor) or hop.dtype != torch.float32 or tuple(hop.shape) != expected:
-            raise ValueError(f"hop must be a float32 tensor of shape (B, Hk, Mk, Mk)={expected}, got {_describe(hop)}")
+            raise ValueError(f"hop must be a float32 tensor of shape (B, Hk, Mk, Mk)={expected}, got {describe(hop)}")
         if hop.device != query.device:
             raise ValueError(f"query and hop must be on the same device, got {query.device} and {hop.device}")
-
-
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)}"
-    return repr(x) if x is None else type(x).__name__
 
 
 def _tiles(n_q: int, group: int, mk: int, tile_values: int) -> dict[str, int]:
@@ -478,24 +408,12 @@ def _tiles(n_q: int, group: int, mk: int, tile_values: int) -> dict[str, int]:
 
 
 def select_token_blocks_triton(
-    query: torch.Tensor,
-    summaries: tuple[torch.Tensor, ...] | None,
-    *,
-    n_keys: int,
-    scaling: float,
-    block_size: int,
-    policy: str,
-    budget: str = "row",
-    sparsity: float = 0.9,
-    topk: int = 8,
-    sink_blocks: int = 1,
-    local_blocks: int = 1,
-    min_seq_len: int = 0,
-    lam: float = 0.5,
-    magnitude_fraction: float = 0.5,
-    hop: torch.Tensor | None = None,
-    return_indices: bool = False,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    query: torch.Tensor, summaries: tuple[torch.Tensor, ...] | None,
+    *, n_keys: int, scaling: float, block_size: int, policy: str,
+    budget: str = "row", sparsity: float = 0.9, topk: int = 8, sink_blocks: int = 1, local_blocks: int = 1,
+    min_seq_len: int = 0, lam: float = 0.5, magnitude_fraction: float = 0.5,
+    hop: torch.Tensor | None = None, return_indices: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """The per-token selection ``(B, H, Nq, Mk)`` bool in one kernel launch (see the module docstring).
 
     Args:
@@ -534,17 +452,9 @@ def select_token_blocks_triton(
     mk = max(16, _next_power_of_2(n_blocks))
     tiles = _tiles(n_q, group, mk, _TILE_VALUES // 2 if policy in _FRC_POLICIES else _TILE_VALUES)
     width = selection_width(
-        n_blocks,
-        n_keys=n_keys,
-        block_size=block_size,
-        policy=policy,
-        budget=budget,
-        sparsity=sparsity,
-        topk=topk,
-        sink_blocks=sink_blocks,
-        local_blocks=local_blocks,
-        min_seq_len=min_seq_len,
-    )
+        n_blocks, n_keys=n_keys, block_size=block_size, policy=policy, budget=budget, sparsity=sparsity, topk=topk,
+        sink_blocks=sink_blocks, local_blocks=local_blocks, min_seq_len=min_seq_len,
+    )  # fmt: skip
     device = query.device
     token_keep = torch.empty(out_batch, out_heads, n_q, n_blocks, dtype=torch.bool, device=device)
     shape = (out_batch, out_heads, n_q)
@@ -558,48 +468,19 @@ def select_token_blocks_triton(
     grid = (math.ceil(n_q / tiles["BLOCK_T"]), out_batch * kv_heads)
     if n_q and n_blocks and out_batch * out_heads:
         _token_selection_kernel[grid](
-            query,
-            first,
-            second,
-            hop_tensor,
-            token_keep,
-            indices,
-            counts,
-            group,
-            kv_heads,
-            n_q,
-            n_keys - n_q,
-            n_blocks,
-            n_summaries,
-            head_dim,
-            block_size,
-            scaling,
-            fraction_bits,
-            topk,
-            sink_blocks,
-            local_blocks,
-            min_seq_len,
-            float(lam),
-            float(magnitude_fraction),
-            width,
-            *query.stride(),
-            *first.stride(),
-            *hop_tensor.stride(),
-            *token_keep.stride(),
-            *indices.stride(),
+            query, first, second, hop_tensor, token_keep, indices, counts,
+            group, kv_heads, n_q, n_keys - n_q, n_blocks, n_summaries, head_dim, block_size, scaling,
+            fraction_bits, topk, sink_blocks, local_blocks, min_seq_len, float(lam), float(magnitude_fraction), width,
+            *query.stride(), *first.stride(), *hop_tensor.stride(), *token_keep.stride(), *indices.stride(),
             *counts.stride(),
-            POLICY=_POLICY_CODES["dense" if dense else policy],
-            BOUND=scored and len(summaries) == 2,
-            ROW_BUDGET=budget == "row",
-            MK=mk,
-            HOP_CHUNK=_HOP_CHUNK,
-            WIDTH_PAD=_next_power_of_2(width),
+            POLICY=_POLICY_CODES["dense" if dense else policy], BOUND=scored and len(summaries) == 2,
+            ROW_BUDGET=budget == "row", MK=mk, HOP_CHUNK=_HOP_CHUNK, WIDTH_PAD=_next_power_of_2(width),
             WRITE_INDICES=return_indices,
             # the reference rounds every product and sum on its own: no fused multiply-adds
             enable_fp_fusion=False,
             num_warps=min(8, _next_power_of_2(max(1, tiles["ROWS"] * mk // 512))),
             **tiles,
-        )
+        )  # fmt: skip
     full = (batch, heads, n_q)
     token_keep = token_keep.expand(*full, n_blocks)
     if not return_indices:

@@ -173,24 +173,12 @@ def token_block_mass(
 
 
 def select_token_blocks(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    *,
-    scaling: float,
-    block_size: int,
-    policy: str,
-    score: str = "bound",
-    budget: str = "row",
-    sparsity: float = 0.9,
-    topk: int = 8,
-    sink_blocks: int = 1,
-    local_blocks: int = 1,
-    min_seq_len: int = 0,
-    lam: float = 0.5,
-    magnitude_fraction: float = 0.5,
-    key_valid: torch.Tensor | None = None,
-    backend: str = "auto",
-) -> torch.Tensor:
+    query: torch.Tensor, key: torch.Tensor,
+    *, scaling: float, block_size: int, policy: str, score: str = "bound",
+    budget: str = "row", sparsity: float = 0.9, topk: int = 8, sink_blocks: int = 1, local_blocks: int = 1,
+    min_seq_len: int = 0, lam: float = 0.5, magnitude_fraction: float = 0.5,
+    key_valid: torch.Tensor | None = None, backend: str = "auto",
+) -> torch.Tensor:  # fmt: skip
     """The per-token selection ``(B, H, Nq, Mk)`` bool under the rule of the module docstring.
 
     ``query (B, H, Nq, D)`` are the last ``Nq`` of the ``Nk`` positions of ``key (B, Hk, Nk, D)``; ``key_valid``

@@ -20,33 +20,16 @@ KERNEL_HEAD_DIMS = HEAD_DIMS
 
 
 def token_sparse_decode(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    group_heads: bool = False,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, group_heads: bool = False,
     row_starts: torch.Tensor | None = None,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """``query (B, H, 1, D)`` at position ``q_offset`` over the blocks listed in ``indices (B, H, 1, W)`` /
     ``counts (B, H, 1)`` of ``key`` / ``value (B, H / g, Nk, D)``; ``group_heads``: every head of a KV group keeps
     the same blocks (one program serves the group); ``row_starts (B,)`` (None: 0): row b's keys are the cache rows
     ``[row_starts[b], Nk)`` (a left-padded row's real tokens), its blocks and query position counted from there
     (read on the device, no host sync). Returns ``(B, H, 1, D)``."""
     return block_sparse_decode_triton(
-        query,
-        key,
-        value,
-        indices,
-        counts,
-        block_size=block_size,
-        scaling=scaling,
-        q_offset=q_offset,
-        validate=False,
-        group_heads=group_heads,
-        row_starts=row_starts,
-    )
+        query, key, value, indices, counts, block_size=block_size, scaling=scaling, q_offset=q_offset,
+        validate=False, group_heads=group_heads, row_starts=row_starts,
+    )  # fmt: skip

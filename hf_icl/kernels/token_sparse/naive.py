@@ -13,15 +13,9 @@ __all__ = ["token_sparse_attention_naive"]
 
 
 def token_sparse_attention_naive(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    token_keep: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    key_valid: torch.Tensor | None = None,
-) -> torch.Tensor:
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, token_keep: torch.Tensor,
+    *, block_size: int, scaling: float, key_valid: torch.Tensor | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Float64 softmax of each query over the keys of its kept blocks at or before its real position (blocks over
     the row's real tokens); a query that sees no key gets zeros. ``(B, H, Nq, D)`` float64."""
     heads, n_k = query.shape[1], key.shape[2]

@@ -47,52 +47,14 @@ if triton is not None:
 
     @triton.jit
     def _token_sparse_bwd_kernel(
-        q,
-        k,
-        v,
-        dout,
-        lse,
-        delta,
-        dq,
-        dk,
-        dv,
-        order,
-        item_kvb,
-        item_start,
-        item_end,
-        lengths,
-        heads,
-        kv_heads,
-        n_q,
-        width,
-        n_k,
-        mk,
-        q_offset,
-        qk_scale,
-        sq_b,
-        sq_h,
-        sq_t,
-        sq_d,
-        sk_b,
-        sk_h,
-        sk_n,
-        sk_d,
-        sv_b,
-        sv_h,
-        sv_n,
-        sv_d,
-        sl_b,
-        scaling,
-        sdo_b,
-        sdo_h,
-        sdo_t,
-        sdo_d,
-        BS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
+        q, k, v, dout, lse, delta, dq, dk, dv,                             # tensors
+        order, item_kvb, item_start, item_end, lengths,                    # the work list (item_launch's operands)
+        heads, kv_heads, n_q, width, n_k, mk, q_offset, qk_scale,          # shapes, base-2 scale
+        sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sl_b,  # q / k / v / lengths strides
+        scaling, sdo_b, sdo_h, sdo_t, sdo_d,                               # the backward's own: scale, dout strides
+        BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
         HAS_LENGTHS: tl.constexpr,
-    ):
+    ):  # fmt: skip
         """One work item: gradients of up to ``BLOCK_M`` pairs of one KV block, added atomically. The parameters
         from ``order`` to ``sl_b`` are the forward kernel's (:func:`.triton_forward.item_launch` gives both)."""
         start, end = item_range(item_start, item_end)
@@ -127,21 +89,10 @@ if triton is not None:
 
 
 def _backward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    dout: torch.Tensor,
-    dlse: torch.Tensor | None,
-    pairs: PairList,
-    *,
-    width: int,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    lengths: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+    dlse: torch.Tensor | None, pairs: PairList,
+    *, width: int, block_size: int, scaling: float, q_offset: int, lengths: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(dq, dk, dv)`` in the inputs' dtypes from the forward's pair list (no validation, no device sync)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
@@ -187,86 +138,34 @@ class _TokenSparseAttention(torch.autograd.Function):
             return (None,) * 9
         if dout is None:
             dout = torch.zeros_like(out)
-        dq, dk, dv = _backward(
-            q,
-            k,
-            v,
-            out,
-            lse,
-            dout,
-            dlse,
-            PairList(order=order, bounds=bounds, n_blocks=ctx.n_blocks),
-            width=ctx.width,
-            block_size=ctx.block_size,
-            scaling=ctx.scaling,
-            q_offset=ctx.q_offset,
-            lengths=lengths,
-        )
+        pairs = PairList(order=order, bounds=bounds, n_blocks=ctx.n_blocks)
+        settings = {"block_size": ctx.block_size, "scaling": ctx.scaling, "q_offset": ctx.q_offset}
+        dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, pairs, width=ctx.width, lengths=lengths, **settings)
         return dq, dk, dv, None, None, None, None, None, None
 
 
 def token_sparse_backward_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    out: torch.Tensor,
-    lse: torch.Tensor,
-    dout: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    lengths: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+    indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, lengths: torch.Tensor | None = None,
     dlse: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:  # fmt: skip
     """``(dq, dk, dv)`` of the attention that produced ``out`` / ``lse`` (from
     :func:`~hf_icl.kernels.token_sparse.triton_forward.token_sparse_forward_triton` with the same arguments), for
     callers that hold the forward's results themselves; rebuilds the pair list (no validation, no device sync)."""
     from .triton_pairs import build_pair_list
 
     check_kernel_runnable(_token_sparse_bwd_kernel, q, "token_sparse_backward_triton")
-    pairs = build_pair_list(
-        indices,
-        counts,
-        kv_heads=k.shape[1],
-        n_keys=k.shape[2],
-        block_size=block_size,
-        q_offset=q_offset,
-        lengths=lengths,
-    )
-    return _backward(
-        q,
-        k,
-        v,
-        out,
-        lse,
-        dout,
-        dlse,
-        pairs,
-        width=indices.shape[3],
-        block_size=block_size,
-        scaling=scaling,
-        q_offset=q_offset,
-        lengths=lengths,
-    )
+    place = {"block_size": block_size, "q_offset": q_offset, "lengths": lengths}
+    pairs = build_pair_list(indices, counts, kv_heads=k.shape[1], n_keys=k.shape[2], **place)
+    return _backward(q, k, v, out, lse, dout, dlse, pairs, width=indices.shape[3], scaling=scaling, **place)
 
 
 def token_sparse_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    lengths: torch.Tensor | None = None,
-    return_lse: bool = False,
-    validate: bool = True,
-) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, lengths: torch.Tensor | None = None,
+    return_lse: bool = False, validate: bool = True,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per-token block-sparse causal attention (differentiable in q, k, v; and through ``lse``).
 
     Args:

@@ -50,15 +50,7 @@ import math
 
 import torch
 
-from .._common import (
-    check_attention_tensor,
-    check_kernel_runnable,
-    check_matches_query,
-    check_scaling,
-    is_interpreted,
-    tl,
-    triton,
-)
+from .._common import check_block_lists, check_kernel_runnable, check_qkv, describe, is_interpreted, tl, triton
 from .triton_pairs import PairList, build_pair_list, cut_work_items
 
 __all__ = [
@@ -72,7 +64,6 @@ __all__ = [
 
 BLOCK_SIZES = (16, 32, 64, 128)
 HEAD_DIMS = (16, 32, 64, 128)
-INDEX_DTYPES = (torch.int32, torch.int64)
 LENGTH_DTYPES = (torch.int32, torch.int64)
 LOG2_E = 1.4426950408889634
 MERGE_TOKENS = 16  # tokens per merge program
@@ -133,41 +124,16 @@ def backward_tiles(n_q: int, group: int, block_size: int, head_dim: int, elem_by
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _describe(x) -> str:
-    if isinstance(x, torch.Tensor):
-        return f"{x.dtype} tensor of shape {tuple(x.shape)} on {x.device}"
-    return repr(x) if x is None else type(x).__name__
-
-
 def validate_token_sparse(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    lengths: torch.Tensor | None,
-    check_values: bool = True,
-) -> None:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, lengths: torch.Tensor | None, check_values: bool = True,
+) -> None:  # fmt: skip
     """Raise ``ValueError`` naming the argument, the value and what is allowed.
 
     Shapes, dtypes, devices and scalars need no device read; ``check_values`` adds the value ranges (``0 <= counts
     <= W``, valid entries of ``indices`` strictly ascending in ``[0, Mk)``, ``0 <= lengths <= Nk``) in one sync.
     """
-    for name, x in (("q", q), ("k", k), ("v", v)):
-        check_attention_tensor(name, x)
-    check_matches_query(q, "k", k, grouped=True)
-    check_matches_query(q, "v", v, grouped=True)
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have equal shapes, got k.shape={tuple(k.shape)} and v.shape={tuple(v.shape)}")
-    if q.shape[3] not in HEAD_DIMS:
-        raise ValueError(f"head_dim (q.shape[3]) must be one of {list(HEAD_DIMS)}, got {q.shape[3]}")
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size not in BLOCK_SIZES:
-        raise ValueError(f"block_size must be one of {list(BLOCK_SIZES)}, got {block_size!r}")
-    check_scaling(scaling)
+    check_qkv(q, k, v, scaling=scaling, head_dims=HEAD_DIMS, block_size=block_size, block_sizes=BLOCK_SIZES)
     batch, heads, n_q, _ = q.shape
     n_k = k.shape[2]
     if isinstance(q_offset, bool) or not isinstance(q_offset, int) or not 0 <= q_offset <= n_k - n_q:
@@ -175,20 +141,7 @@ def validate_token_sparse(
             f"q_offset must be an int in [0, Nk - Nq] = [0, {n_k - n_q}] (query t sits at key position "
             f"q_offset + t), got {q_offset!r} with Nq={n_q}, Nk={n_k}"
         )
-    for name, x, rank, shape in (
-        ("indices", indices, 4, "(B, H, Nq, W)"),
-        ("counts", counts, 3, "(B, H, Nq)"),
-    ):
-        if not isinstance(x, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in INDEX_DTYPES:
-            raise ValueError(f"{name}.dtype must be one of {[str(d) for d in INDEX_DTYPES]}, got {x.dtype}")
-        if x.device != q.device:
-            raise ValueError(f"q and {name} must be on the same device, got {q.device} and {x.device}")
-        if x.dim() != rank or tuple(x.shape[:3]) != (batch, heads, n_q):
-            raise ValueError(
-                f"{name} must have shape {shape} with (B, H, Nq)={(batch, heads, n_q)}, got {tuple(x.shape)}"
-            )
+    check_block_lists(q, indices, counts, (batch, heads, n_q), rows="Nq", slots="W")
     width = indices.shape[3]
     if width < 1:
         raise ValueError(f"indices must have at least one slot (dim 3, W >= 1), got shape {tuple(indices.shape)}")
@@ -199,7 +152,7 @@ def validate_token_sparse(
             or tuple(lengths.shape) != (batch,)
         ):
             raise ValueError(
-                f"lengths must be None or an int32 / int64 tensor of shape (B,)=({batch},), got {_describe(lengths)}"
+                f"lengths must be None or an int32 / int64 tensor of shape (B,)=({batch},), got {describe(lengths)}"
             )
         if lengths.device != q.device:
             raise ValueError(f"q and lengths must be on the same device, got {q.device} and {lengths.device}")
@@ -313,43 +266,13 @@ if triton is not None:
 
     @triton.jit
     def _token_sparse_fwd_kernel(
-        q,
-        k,
-        v,
-        partial_o,
-        partial_lse,
-        order,
-        item_kvb,
-        item_start,
-        item_end,
-        lengths,
-        heads,
-        kv_heads,
-        n_q,
-        width,
-        n_k,
-        mk,
-        q_offset,
-        qk_scale,
-        sq_b,
-        sq_h,
-        sq_t,
-        sq_d,
-        sk_b,
-        sk_h,
-        sk_n,
-        sk_d,
-        sv_b,
-        sv_h,
-        sv_n,
-        sv_d,
-        sl_b,
-        BS: tl.constexpr,
-        BLOCK_M: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        UPCAST_DOT: tl.constexpr,
+        q, k, v, partial_o, partial_lse,                                   # tensors
+        order, item_kvb, item_start, item_end, lengths,                    # the work list (item_launch's operands)
+        heads, kv_heads, n_q, width, n_k, mk, q_offset, qk_scale,          # shapes, base-2 scale
+        sq_b, sq_h, sq_t, sq_d, sk_b, sk_h, sk_n, sk_d, sv_b, sv_h, sv_n, sv_d, sl_b,  # q / k / v / lengths strides
+        BS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, UPCAST_DOT: tl.constexpr,
         HAS_LENGTHS: tl.constexpr,
-    ):
+    ):  # fmt: skip
         """One work item: up to ``BLOCK_M`` pairs of one KV block → their normalised partial outputs and LSEs."""
         start, end = item_range(item_start, item_end)
         if start >= end:  # a surplus program of the upper-bound grid
@@ -386,25 +309,11 @@ if triton is not None:
 
     @triton.jit
     def _token_sparse_merge_kernel(
-        partial_o,
-        partial_lse,
-        counts,
-        out,
-        lse,
-        heads,
-        n_q,
-        width,
-        sc_b,
-        sc_h,
-        sc_t,
-        so_b,
-        so_h,
-        so_t,
-        so_d,
-        BLOCK_T: tl.constexpr,
-        BLOCK_D: tl.constexpr,
-        ROUND_BF16: tl.constexpr,
-    ):
+        partial_o, partial_lse, counts, out, lse,  # tensors
+        heads, n_q, width,                         # shapes
+        sc_b, sc_h, sc_t, so_b, so_h, so_t, so_d,  # counts / out strides
+        BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, ROUND_BF16: tl.constexpr,
+    ):  # fmt: skip
         """A tile of tokens of one (b, h): log-sum-exp merge of their slots' partial results."""
         tile = tl.program_id(0)
         bh = tl.program_id(1).to(tl.int64)
@@ -456,18 +365,9 @@ def _lengths_operand(lengths: torch.Tensor | None, q: torch.Tensor) -> torch.Ten
 
 
 def item_launch(
-    kernel,
-    tiles_for,
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    pairs: PairList,
-    width: int,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    lengths: torch.Tensor | None,
-) -> tuple[tuple[int], tuple, dict]:
+    kernel, tiles_for, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pairs: PairList,
+    width: int, block_size: int, scaling: float, q_offset: int, lengths: torch.Tensor | None,
+) -> tuple[tuple[int], tuple, dict]:  # fmt: skip
     """``(grid, operands, options)`` of a work-item kernel, forward or backward: ``pairs`` cut into items of
     ``tiles_for``'s ``BLOCK_M``; the operands both kernels take after their own tensors (item tables, lengths,
     shapes, base-2 scale, then the q / k / v / lengths strides); the launch options (constexprs, warps, stages)."""
@@ -491,17 +391,9 @@ def item_launch(
 
 
 def launch_forward(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int,
-    lengths: torch.Tensor | None,
-) -> tuple[torch.Tensor, torch.Tensor, PairList]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int, lengths: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, PairList]:  # fmt: skip
     """Build the work list, run the partial and merge kernels: ``(out, lse, pairs)`` (no validation)."""
     batch, heads, n_q, head_dim = q.shape
     kv_heads, n_k = k.shape[1], k.shape[2]
@@ -520,37 +412,19 @@ def launch_forward(
     out = torch.empty(batch, heads, n_q, head_dim, dtype=q.dtype, device=device)
     lse = torch.empty(batch, heads, n_q, dtype=torch.float32, device=device)
     _token_sparse_merge_kernel[(math.ceil(n_q / MERGE_TOKENS), batch * heads)](
-        partial_o,
-        partial_lse,
-        counts,
-        out,
-        lse,
-        heads,
-        n_q,
-        width,
-        *counts.stride(),
-        *out.stride(),
-        BLOCK_T=MERGE_TOKENS,
-        BLOCK_D=head_dim,
-        ROUND_BF16=options["UPCAST_DOT"] and q.dtype == torch.bfloat16,
+        partial_o, partial_lse, counts, out, lse,
+        heads, n_q, width,
+        *counts.stride(), *out.stride(),
+        BLOCK_T=MERGE_TOKENS, BLOCK_D=head_dim, ROUND_BF16=options["UPCAST_DOT"] and q.dtype == torch.bfloat16,
         num_warps=4 if head_dim >= 64 else 2,
-    )
+    )  # fmt: skip
     return out, lse, pairs
 
 
 def token_sparse_forward_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    indices: torch.Tensor,
-    counts: torch.Tensor,
-    *,
-    block_size: int,
-    scaling: float,
-    q_offset: int = 0,
-    lengths: torch.Tensor | None = None,
-    validate: bool = True,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, indices: torch.Tensor, counts: torch.Tensor,
+    *, block_size: int, scaling: float, q_offset: int = 0, lengths: torch.Tensor | None = None, validate: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
     """Per-token block-sparse causal attention, forward only: ``(out (B, H, Nq, D) in q's dtype, lse (B, H, Nq)
     float32)``. See :func:`hf_icl.kernels.token_sparse.triton_backward.token_sparse_attention_triton` for the
     arguments; ``validate=False`` skips every check (and with it the one device sync of the value checks)."""
