@@ -9,31 +9,5 @@ from .attention import enable_cab  # noqa: E402  (importing registers the "cab" 
 from .data.tasks import available_tasks, get_task, make_task  # noqa: E402
 from .estimators import available_estimators, get_estimator  # noqa: E402
 from .evaluation import evaluate_context_scaling, evaluate_task_scaling, ood_task  # noqa: E402
-from .modeling import (  # noqa: E402
-    GDLanguageModelConfig,
-    GDTransformerConfig,
-    GDTransformerForCausalLM,
-    GDTransformerForInContextClassification,
-    GPT2ForInContextRegression,
-    GPT2ICLConfig,
-    GPT2ICLModel,
-    ICLOutput,
-    KernelICLConfig,
-    KernelICLForInContextRegression,
-    LinearGPTConfig,
-    LinearGPTForCausalLM,
-    LinearGPTForInContextRegression,
-    LinearGPTModel,
-    MLPForInContextRegression,
-    MLPICLConfig,
-    OneLayerFeatureMapConfig,
-    OneLayerFeatureMapModel,
-    SGPTConfig,
-    SGPTForInContextRegression,
-    SGPTModel,
-    attention_parameter_counts,
-    build_model,
-    causal_functional_gd_logits,
-    functional_gd_logits,
-)
+from .modeling import *  # noqa: E402, F403  (the configs, models and builders: hf_icl.modeling.__all__)
 from .training import ICLTrainer, ICLTrainingArguments, train  # noqa: E402

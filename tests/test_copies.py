@@ -1,11 +1,12 @@
-"""Repetition kept on purpose, guarded. A comment above a method's ``def``::
+"""Repetition kept on purpose, guarded. A comment above a method's (or a module-level function's) ``def``::
 
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions; Args: loss_positions)
 
-says that the listed parameters (name, kind, default, annotation) and the listed ``Args:`` entries of its docstring are
-those of ``hf_icl.modeling.GPT2ForInContextRegression.forward``, word for word: transformers' "Copied from" habit, for
-the parts of the ICL models' ``forward`` that each model file repeats so that it reads on its own."""
+(above the method's decorators, if any) says that the listed parameters (name, kind, default, annotation) and the
+listed ``Args:`` entries of its docstring (as :func:`inspect.getdoc` gives it, so one that a decorator sets counts)
+are those of ``hf_icl.modeling.GPT2ForInContextRegression.forward``, word for word: transformers' "Copied from"
+habit, for the parts of the ICL models' ``forward`` that each model file repeats so that it reads on its own."""
 
 from __future__ import annotations
 
@@ -63,15 +64,20 @@ def differences(copy, original, spec: str) -> list[str]:
 
 
 def markers() -> list[tuple[str, str, str, str]]:
-    """``(file:line, Class.method marked, target, spec)`` of every marker in the package: the target on the marker's
-    line, the spec in parentheses on the comment lines between it and the ``def``."""
+    """``(file:line, Class.method or function marked, target, spec)`` of every marker in the package: the target on
+    the marker's line, the spec in parentheses on the comment lines between it and the method (its decorators, then
+    ``def``)."""
     found = []
     for path in sorted(ROOT.rglob("*.py")):
         lines = path.read_text().splitlines()
-        methods = {}
-        for node in ast.walk(ast.parse("\n".join(lines))):
+        tree = ast.parse("\n".join(lines))
+        # first line of each method or module-level function (its first decorator's, if any) -> Class.method / name
+        methods = {first_line(item): item.name for item in tree.body if hasattr(item, "args")}
+        for node in ast.walk(tree):
             if isinstance(node, ast.ClassDef):
-                methods.update({item.lineno: f"{node.name}.{item.name}" for item in node.body if hasattr(item, "args")})
+                methods.update(
+                    {first_line(item): f"{node.name}.{item.name}" for item in node.body if hasattr(item, "args")}
+                )
         for number, line in enumerate(lines, start=1):
             match = MARKER.match(line)
             if not match:
@@ -85,9 +91,14 @@ def markers() -> list[tuple[str, str, str, str]]:
     return found
 
 
+def first_line(function: ast.FunctionDef) -> int:
+    return min([function.lineno, *(decorator.lineno for decorator in function.decorator_list)])
+
+
 def resolve(qualified: str):
-    owner, _, method = qualified.rpartition(".")
-    return getattr(getattr(hf_icl.modeling, owner), method)
+    """``Class.method`` or a function's name, from :mod:`hf_icl.modeling`."""
+    owner, _, name = qualified.rpartition(".")
+    return getattr(getattr(hf_icl.modeling, owner) if owner else hf_icl.modeling, name)
 
 
 def test_the_models_mark_their_shared_forward_parts():
@@ -98,7 +109,7 @@ def test_the_models_mark_their_shared_forward_parts():
 
 @pytest.mark.parametrize(("where", "owner", "target", "spec"), markers(), ids=lambda v: str(v).split("/")[-1])
 def test_copies_agree(where, owner, target, spec):
-    assert owner, f"{where}: the marker must stand right above a method's def"
+    assert owner, f"{where}: the marker must stand right above a method's (or a function's) def or decorators"
     assert spec, f"{where}: the marker lists nothing to compare"
     assert not differences(resolve(owner), resolve(target), spec), where
 

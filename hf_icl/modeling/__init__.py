@@ -33,6 +33,36 @@ from .sgpt import (
     SGPTModel,
 )
 
+#: what ``from hf_icl.modeling import *`` gives, and ``hf_icl`` re-exports: the configs and models, their output, and
+#: the model builder and functional-GD references (the rest stays importable from here by name)
+__all__ = [
+    "GDLanguageModelConfig",
+    "GDTransformerConfig",
+    "GDTransformerForCausalLM",
+    "GDTransformerForInContextClassification",
+    "GPT2ForInContextRegression",
+    "GPT2ICLConfig",
+    "GPT2ICLModel",
+    "ICLOutput",
+    "KernelICLConfig",
+    "KernelICLForInContextRegression",
+    "LinearGPTConfig",
+    "LinearGPTForCausalLM",
+    "LinearGPTForInContextRegression",
+    "LinearGPTModel",
+    "MLPForInContextRegression",
+    "MLPICLConfig",
+    "OneLayerFeatureMapConfig",
+    "OneLayerFeatureMapModel",
+    "SGPTConfig",
+    "SGPTForInContextRegression",
+    "SGPTModel",
+    "attention_parameter_counts",
+    "build_model",
+    "causal_functional_gd_logits",
+    "functional_gd_logits",
+]
+
 #: model_type -> (config class, predicting model class)
 MODEL_CLASSES = {
     GPT2ICLConfig.model_type: (GPT2ICLConfig, GPT2ForInContextRegression),

@@ -1,4 +1,5 @@
-"""One check shared by every ICL config: a field the config does not know is an error, not a default.
+"""What the ICL configs share: a check that a field the config does not know is an error, not a default, and the
+prompt fields (:class:`ICLPromptConfig`).
 
 transformers (5.x) builds a ``PretrainedConfig`` as a dataclass and hands every keyword that is not
 a dataclass field to ``__post_init__(self, **kwargs)``, which would store it as a plain attribute.
@@ -19,6 +20,8 @@ from __future__ import annotations
 
 from dataclasses import fields
 from typing import Any
+
+from transformers import PretrainedConfig
 
 from ..validation import check_choice, did_you_mean
 
@@ -94,6 +97,24 @@ def check_config_kwargs(config, kwargs: dict[str, Any]) -> dict[str, Any]:
         known = sorted({f.name for f in fields(cls)} | set(cab) | set(aliases))
         raise ValueError(_unknown_fields_message(cls.__name__, unknown, known))
     return kwargs
+
+
+class ICLPromptConfig(PretrainedConfig):
+    """The prompt fields of the ICL configs (GPT-2, linear-attention GPT, SGPT, the MLPs), with their defaults.
+
+    A base class only (no ``model_type``): a config that derives from it has these dataclass fields first, before its
+    own, and may declare one again with another default. :func:`check_prompt_fields` validates them.
+    """
+
+    n_dims: int = 20
+    n_points: int = 41
+    target_kind: str = "regression"
+    n_classes: int = 2
+
+    @property
+    def label_width(self) -> int:
+        """Width of an encoded label: 1, or ``n_classes`` one-hot entries."""
+        return self.n_classes if self.target_kind == "categorical" else 1
 
 
 def check_prompt_fields(config) -> None:

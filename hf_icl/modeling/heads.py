@@ -9,6 +9,8 @@ import torch.nn.functional as F
 from torch import nn
 from transformers.utils import ModelOutput
 
+from .initialization import icl_io_layer
+
 
 @dataclass
 class ICLOutput(ModelOutput):
@@ -32,13 +34,15 @@ class ICLHead(nn.Module):
     """Read-out from hidden states at the query tokens, and the loss of each target kind.
 
     ``regression``: MSE; ``binary``: BCE on one logit with ±1 targets (Garg et al.'s linear
-    classification); ``categorical``: cross-entropy over ``n_classes`` logits.
+    classification); ``categorical``: cross-entropy over ``n_classes`` logits. ``io_layer=True`` flags ``read_out``
+    for the config's ``io_init`` (:func:`~hf_icl.modeling.initialization.icl_io_layer`).
     """
 
-    def __init__(self, hidden_size: int, target_kind: str, n_classes: int):
+    def __init__(self, hidden_size: int, target_kind: str, n_classes: int, *, io_layer: bool = False):
         super().__init__()
         self.target_kind = target_kind
-        self.read_out = nn.Linear(hidden_size, n_classes if target_kind == "categorical" else 1)
+        width = n_classes if target_kind == "categorical" else 1
+        self.read_out = icl_io_layer(hidden_size, width) if io_layer else nn.Linear(hidden_size, width)
 
     def forward(self, hidden: torch.Tensor, ys: torch.Tensor | None, loss_mask: torch.Tensor | None) -> ICLOutput:
         out = self.read_out(hidden)
@@ -48,6 +52,20 @@ class ICLHead(nn.Module):
             predictions, logits = out.squeeze(-1), None
         loss = None if ys is None else self.loss(out, ys, loss_mask)
         return ICLOutput(loss=loss, predictions=predictions, logits=logits)
+
+    def predict(
+        self,
+        hidden: torch.Tensor,
+        ys: torch.Tensor | None,
+        loss_positions: torch.Tensor | list[int] | None,
+        hidden_states: tuple[torch.Tensor, ...] | None = None,
+        attentions: tuple[torch.Tensor, ...] | None = None,
+    ) -> ICLOutput:
+        """A model's output from the hidden states ``(B, N, H)`` of its N query tokens: the head, its loss over
+        ``loss_positions`` (:func:`loss_mask_for`), and the backbone's ``hidden_states`` / ``attentions``."""
+        out = self(hidden, ys, loss_mask_for(loss_positions, hidden.shape[1], hidden.device))
+        out.hidden_states, out.attentions = hidden_states, attentions
+        return out
 
     def loss(self, out: torch.Tensor, ys: torch.Tensor, loss_mask: torch.Tensor | None) -> torch.Tensor:
         out = out.float()

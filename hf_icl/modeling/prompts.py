@@ -311,3 +311,16 @@ class ConcatenatedPrompt:
 
 
 PROMPT_FORMATS = {"interleaved": InterleavedPrompt, "concatenated": ConcatenatedPrompt}
+
+
+def prompt_layout(config) -> InterleavedPrompt | ConcatenatedPrompt:
+    """The layout of an ICL config's prompts: its ``prompt_format``, for its ``n_dims`` and ``label_width``."""
+    return PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
+
+
+def prompt_tokens(config, prompt, xs, ys, weight: torch.Tensor, check_values: bool = True) -> torch.Tensor:
+    """The tokens ``(B, 2N, token_width)`` of the prompts ``xs``, ``ys`` laid out by ``prompt`` (:func:`prompt_layout`),
+    in the dtype of the model's read-in ``weight``, after :func:`check_model_prompt` against its device and dtype."""
+    check_model_prompt(config, xs, ys, check_values=check_values, device=weight.device, dtype=weight.dtype)
+    labels = encode_labels(ys, config.target_kind, config.n_classes)
+    return prompt.tokens(xs.to(weight.dtype), labels)

@@ -253,17 +253,12 @@ def _full_context_gd(
     return f_query @ W_e
 
 
+# Copied from functional_gd_logits
+#   (signature: xs, ys, W_e, n_steps, learning_rate, kernel, bandwidth, normalize_by_count, normalize_attention)
 def causal_functional_gd_logits(
-    xs: torch.Tensor,
-    ys: torch.Tensor,
-    W_e: torch.Tensor,
-    n_steps: int,
-    learning_rate: float,
-    kernel: str = "softmax",
-    bandwidth: float = 1.0,
-    normalize_by_count: bool = False,
-    normalize_attention: bool = False,
-) -> torch.Tensor:
+    xs: torch.Tensor, ys: torch.Tensor, W_e: torch.Tensor, n_steps: int, learning_rate: float, kernel: str = "softmax",
+    bandwidth: float = 1.0, normalize_by_count: bool = False, normalize_attention: bool = False,
+) -> torch.Tensor:  # fmt: skip
     """Logits ``W_eᵀ f_{i,K}`` of the *causal variant* of functional GD at every position, ``(B, N, C)``.
 
     Position ``i``'s state is updated from the pairs ``j < i`` with the residuals of *their* states, which used the

@@ -39,7 +39,8 @@ from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from ..causal_lm import CheckedGenerationMixin, ModelOwnCache
+from ..causal_lm import CheckedGenerationMixin, ModelOwnCache, ModelOwnCacheLayer
+from ..initialization import init_linear_normal
 from ..lm_inputs import check_input_ids, check_labels, real_token_mask
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_no_backbone_kwargs
@@ -64,13 +65,12 @@ _FORWARD_PARAMETERS = (
 # ------------------------------------------------------------------------------------------------------------
 
 
-class GDLanguageModelCacheLayer:
+class GDLanguageModelCacheLayer(ModelOwnCacheLayer):
     """One GD step's cached values ``e_j − E|f_{j,k}`` of the tokens so far, ``(B, T, d')``, or None before any."""
 
-    is_compileable = False
+    row_tensors = ("values",)
     is_croppable = True
     is_sliding = False
-    supports_early_init = False  # transformers' early init allocates key/value tensors of its own layout
 
     def __init__(self):
         self.values: torch.Tensor | None = None
@@ -81,30 +81,9 @@ class GDLanguageModelCacheLayer:
     def get_seq_length(self) -> int:
         return 0 if self.values is None else self.values.shape[1]
 
-    def get_max_length(self) -> int:
-        return -1
-
-    def reset(self) -> None:
-        self.values = None
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.values is not None:
-            self.values = self.values.index_select(0, indices.to(self.values.device))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.values is not None:
-            self.values = self.values.repeat_interleave(repeats, dim=0)
-
     def crop(self, tokens_to_remove: int) -> None:
         if self.values is not None:
             self.values = self.values[:, : self.values.shape[1] - _tokens_to_remove(tokens_to_remove)]
-
-    def offload(self) -> None: ...
-
-    def prefetch(self) -> None: ...
 
 
 def _tokens_to_remove(tokens_to_remove: int) -> int:
@@ -125,8 +104,6 @@ class GDLanguageModelCache(ModelOwnCache):
     ``real`` ``(B, T)`` bool: which cached tokens are real (padding is never attended to). ``crop`` is exact too
     (a token's values depend on earlier tokens only), so assisted generation and beam search work.
 
-    ``generate`` needs no argument: the model creates this cache on its first forward with ``use_cache``.
-
     Example::
 
         >>> import torch
@@ -137,6 +114,8 @@ class GDLanguageModelCache(ModelOwnCache):
         >>> cache.get_seq_length(), cache.keys.shape, cache.layers[2].values.shape
         (10, torch.Size([1, 2, 10, 8]), torch.Size([1, 10, 8]))
     """
+
+    row_tensors = ("real", "keys")
 
     def __init__(self, num_steps: int):
         super().__init__(layers=[GDLanguageModelCacheLayer() for _ in range(num_steps)])
@@ -155,35 +134,11 @@ class GDLanguageModelCache(ModelOwnCache):
         self.keys = keys if self.keys is None else torch.cat((self.keys, keys), dim=2)
         self.real = real if self.real is None else torch.cat((self.real, real), dim=1)
 
-    def reset(self) -> None:
-        super().reset()
-        self.keys = self.real = None
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        if self.real is not None:
-            self.keys = self.keys.index_select(0, indices.to(self.keys.device))
-            self.real = self.real.index_select(0, indices.to(self.real.device))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        if self.real is not None:
-            self.keys = self.keys.repeat_interleave(repeats, dim=0)
-            self.real = self.real.repeat_interleave(repeats, dim=0)
-
     def crop(self, tokens_to_remove: int) -> None:
         keep = self.get_seq_length() - _tokens_to_remove(tokens_to_remove)
         super().crop(tokens_to_remove)
         if self.real is not None:
             self.keys, self.real = self.keys[:, :, :keep], self.real[:, :keep]
-
-    @property
-    def is_croppable(self) -> bool:
-        return True
-
-    @property
-    def batch_size(self) -> int:
-        return -1 if self.real is None else self.real.shape[0]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -275,9 +230,7 @@ class GDLanguageModelPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
         if isinstance(module, nn.Linear):
             if getattr(module, "writes_latent", False):
                 std = _latent_writer_std(self.config, module.in_features)
-            init.normal_(module.weight, mean=0.0, std=std)
-            if module.bias is not None:
-                init.zeros_(module.bias)
+            init_linear_normal(module, std)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.LayerNorm):

@@ -68,6 +68,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 
 from ...validation import check_float, check_int
 from ..heads import ICLOutput, loss_mask_for
+from ..initialization import init_linear_normal
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_model_prompt, check_no_backbone_kwargs
 from .configuration_gd_transformer import GDTransformerConfig
@@ -265,9 +266,7 @@ class GDTransformerPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
     def _init_weights(self, module):
         # through transformers.initialization, so weights that from_pretrained just loaded are left alone
         if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            if module.bias is not None:
-                init.zeros_(module.bias)
+            init_linear_normal(module, self.config.initializer_range)
         elif isinstance(module, nn.LayerNorm):
             init.ones_(module.weight)
             init.zeros_(module.bias)
@@ -305,16 +304,9 @@ class GDTransformerForInContextClassification(GDTransformerPreTrainedModel):
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions, output_hidden_states, output_attentions)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        loss_positions: torch.Tensor | list[int] | None = None,
-        n_context: int | None = None,
-        output_hidden_states: bool | None = None,
-        output_attentions: bool | None = None,
-        check_inputs: bool = True,
-        **kwargs,
-    ) -> ICLOutput:
+        self, xs: torch.Tensor, ys: torch.Tensor, loss_positions: torch.Tensor | list[int] | None = None,
+        n_context: int | None = None, output_hidden_states: bool | None = None, output_attentions: bool | None = None,
+        check_inputs: bool = True, **kwargs) -> ICLOutput:  # fmt: skip
         """Class logits for the prompts ``xs (B, N, n_dims)``, ``ys`` (class ids), in one of two protocols.
 
         * ``n_context=None`` (default): every position ``i`` is predicted from the pairs ``j < i`` (the package's

@@ -6,7 +6,7 @@ from transformers import GPT2Config
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..config_fields import ICLPromptConfig, check_config_kwargs, check_prompt_fields
 from ..prompts import PROMPT_FORMATS
 
 #: initialisations of the read-in and read-out layers (see ``GPT2ICLConfig.io_init``)
@@ -26,13 +26,22 @@ def check_gpt2_shape_fields(config, sizes: tuple[str, ...]) -> None:
         raise ValueError(f"n_embd ({config.n_embd}) must be divisible by n_head ({config.n_head})")
 
 
+class GPT2ShapedICLConfig(ICLPromptConfig):
+    """The ICL fields of the GPT-2-shaped configs (:class:`GPT2ICLConfig`, ``LinearGPTConfig``): the prompt fields,
+    ``prompt_format`` and ``io_init`` (documented in :class:`GPT2ICLConfig`). A base class only, like
+    :class:`~hf_icl.modeling.config_fields.ICLPromptConfig`."""
+
+    prompt_format: str = "interleaved"
+    io_init: str = "garg"
+
+
 #: name -> (n_embd, n_layer, n_head)
 SIZE_PRESETS = {"tiny": (64, 3, 2), "small": (128, 6, 4), "standard": (256, 12, 8)}
 #: GPT2Config's default n_positions: a config that does not set it (GPT2ICLConfig derives it from n_points)
 _GPT2_N_POSITIONS = GPT2Config.__dataclass_fields__["n_positions"].default
 
 
-class GPT2ICLConfig(GPT2Config):
+class GPT2ICLConfig(GPT2ShapedICLConfig, GPT2Config):
     r"""A GPT-2 backbone reading prompts of ``n_points`` (x, y) pairs of dimension ``n_dims``.
 
     It *is* a :class:`~transformers.GPT2Config` (so transformers' own ``GPT2Model`` and every
@@ -61,12 +70,6 @@ class GPT2ICLConfig(GPT2Config):
 
     model_type = "gpt2_icl"
 
-    n_dims: int = 20
-    n_points: int = 41
-    target_kind: str = "regression"
-    n_classes: int = 2
-    prompt_format: str = "interleaved"
-    io_init: str = "garg"
     # GPT-2 defaults changed for ICL: Garg et al.'s standard size, no dropout, no vocabulary.
     vocab_size: int = 1
     n_embd: int = 256
@@ -109,8 +112,3 @@ class GPT2ICLConfig(GPT2Config):
         if clash:
             raise ValueError(f"size={size!r} sets n_embd/n_layer/n_head; do not also pass {clash}")
         return cls(n_embd=n_embd, n_layer=n_layer, n_head=n_head, **kwargs)
-
-    @property
-    def label_width(self) -> int:
-        """Width of a y token before padding: 1, or ``n_classes`` one-hot entries."""
-        return self.n_classes if self.target_kind == "categorical" else 1

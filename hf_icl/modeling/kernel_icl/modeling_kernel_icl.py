@@ -13,8 +13,6 @@ context/query split.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel
@@ -23,6 +21,7 @@ from transformers import initialization as init
 from ...similarity.column_attention import column_mixing_weights, mix_columns, prefix_column_mixing_weights
 from ...similarity.row_kernels import row_kernel_scores
 from ..heads import ICLOutput, loss_mask_for
+from ..initialization import init_linear_uniform
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_no_backbone_kwargs, check_prompt
 from .configuration_kernel_icl import KernelICLConfig
@@ -84,11 +83,7 @@ class KernelICLPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
         # Through transformers.initialization, so that weights from_pretrained just loaded are left alone.
         config = self.config
         if isinstance(module, nn.Linear):
-            # U(±1/√fan_in) for weight and bias, as nn.Linear draws them (the document trains PyTorch modules)
-            bound = 1 / math.sqrt(module.in_features)
-            init.uniform_(module.weight, -bound, bound)
-            if module.bias is not None:
-                init.uniform_(module.bias, -bound, bound)
+            init_linear_uniform(module)  # as nn.Linear draws them: the document trains PyTorch modules
         elif isinstance(module, KernelICLColumnAttention):
             init.constant_(module.beta1, config.init_column_beta1)
             init.constant_(module.beta2, config.init_column_beta2)
@@ -149,15 +144,9 @@ class KernelICLForInContextRegression(KernelICLPreTrainedModel):
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions, output_attentions)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        loss_positions: torch.Tensor | list[int] | None = None,
-        n_context: int | None = None,
-        output_attentions: bool | None = None,
-        check_inputs: bool = True,
-        **kwargs,
-    ) -> ICLOutput:
+        self, xs: torch.Tensor, ys: torch.Tensor, loss_positions: torch.Tensor | list[int] | None = None,
+        n_context: int | None = None, output_attentions: bool | None = None, check_inputs: bool = True,
+        **kwargs) -> ICLOutput:  # fmt: skip
         """Predict the prompts ``xs (B, N, n_dims)``, ``ys`` in one of two protocols.
 
         * ``n_context=None`` (default): the package's causal all-prefix protocol, ``N <= config.n_points``.

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
+from transformers import GPT2Config
 from transformers.activations import ACT2FN
 
 from ...kernels.linear_attention import BACKENDS, FEATURE_MAPS, MODES, feature_dim
 from ...validation import check_choice, check_float, check_int
 from ..config_fields import check_config_kwargs
-from ..gpt2_icl.configuration_gpt2_icl import GPT2ICLConfig, check_gpt2_shape_fields
+from ..gpt2_icl.configuration_gpt2_icl import GPT2ICLConfig, GPT2ShapedICLConfig, check_gpt2_shape_fields
 
 #: saved beside ``linear_attention_feature_map="quadratic"``: the map is the document's ``[1, x, x_i x_j (i ≤ j)]``.
 #: Before it (2026-11-26) "quadratic" meant the full outer product, now ``"quadratic_full"``; a saved config with
@@ -17,7 +17,7 @@ QUADRATIC_MARKER = "quadratic_map"
 QUADRATIC_MAP = "upper_triangle"
 
 
-class LinearGPTConfig(PretrainedConfig):
+class LinearGPTConfig(GPT2ShapedICLConfig):
     r"""A GPT-2-shaped decoder whose attention is causal linear attention.
 
     Each block is GPT-2's (pre-LN, GELU MLP of width ``4 * n_embd``, residuals; learned positions and a
@@ -59,19 +59,8 @@ class LinearGPTConfig(PretrainedConfig):
     """
 
     model_type = "linear_gpt"
-    attribute_map = {
-        "hidden_size": "n_embd",
-        "max_position_embeddings": "n_positions",
-        "num_attention_heads": "n_head",
-        "num_hidden_layers": "n_layer",
-    }
+    attribute_map = dict(GPT2Config.attribute_map)  # GPT-2's aliases: hidden_size, num_hidden_layers, …
 
-    n_dims: int = 20
-    n_points: int = 41
-    target_kind: str = "regression"
-    n_classes: int = 2
-    prompt_format: str = "interleaved"
-    io_init: str = "garg"
     vocab_size: int = 1
     n_positions: int | None = None
     n_embd: int = 256
@@ -156,6 +145,5 @@ class LinearGPTConfig(PretrainedConfig):
                 f"n_head={self.n_head} (head_dim {self.n_embd // self.n_head}): {err}"
             ) from None
 
-    # the same presets and label width as the softmax baseline, so the two compare at equal sizes
+    # the same presets as the softmax baseline, so the two compare at equal sizes
     from_preset = classmethod(GPT2ICLConfig.from_preset.__func__)
-    label_width = GPT2ICLConfig.label_width

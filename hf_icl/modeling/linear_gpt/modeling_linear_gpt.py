@@ -23,8 +23,10 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ...kernels.linear_attention import causal_linear_attention, linear_attention_state, linear_attention_step
-from ..causal_lm import CheckedGenerationMixin, ModelOwnCache
-from ..heads import ICLHead, ICLOutput, loss_mask_for
+from ..causal_lm import CheckedGenerationMixin, ModelOwnCache, ModelOwnCacheLayer
+from ..forward_docs import add_forward_docstring, hidden_states_entry, icl_forward_docstring
+from ..heads import ICLHead, ICLOutput
+from ..initialization import icl_io_layer, init_icl_io_layer
 from ..lm_inputs import (
     check_input_ids,
     check_labels,
@@ -32,11 +34,17 @@ from ..lm_inputs import (
     real_token_mask,
 )
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_model_prompt, check_no_backbone_kwargs, encode_labels
+from ..prompts import check_no_backbone_kwargs, prompt_layout, prompt_tokens
 from .configuration_linear_gpt import LinearGPTConfig
 
 #: the parameters of the ICL model's forward (close matches for a mistyped keyword)
 _FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "check_inputs")
+
+#: the docstring of the ICL model's forward: the shared text (forward_docs.py) with this model's own phrases
+_FORWARD_DOCSTRING = icl_forward_docstring(
+    output_hidden_states=hidden_states_entry("block"),
+    nan_cause="the masked linear-attention matmuls multiply a weight of 0 by it, and 0 times inf is NaN",
+)
 
 State = tuple[torch.Tensor, torch.Tensor]
 
@@ -46,40 +54,18 @@ State = tuple[torch.Tensor, torch.Tensor]
 # ------------------------------------------------------------------------------------------------------------
 
 
-class LinearAttentionCacheLayer:
+class LinearAttentionCacheLayer(ModelOwnCacheLayer):
     """One layer's state ``(S, z)``: S ``(B, H, F, Dv)`` and z ``(B, H, F)`` in float32 (float64 for a float64
     model), or ``None`` before the prefill."""
 
-    is_compileable = False
+    row_tensors = ("state",)
     is_croppable = False
-    supports_early_init = False  # transformers' early init allocates key/value tensors, which this layer has none of
 
     def __init__(self):
         self.state: State | None = None
 
-    def reset(self) -> None:
-        self.state = None
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        self.batch_select_indices(beam_idx)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.state is not None:
-            self.state = tuple(x.index_select(0, indices.to(x.device)) for x in self.state)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.state is not None:
-            self.state = tuple(x.repeat_interleave(repeats, dim=0) for x in self.state)
-
     def crop(self, tokens_to_remove: int) -> None:
         raise NotImplementedError("a linear-attention state cannot forget tokens: it keeps their sum, not the tokens")
-
-    def offload(self) -> None: ...
-
-    def prefetch(self) -> None: ...
-
-    def get_max_length(self) -> int:
-        return -1
 
 
 class LinearAttentionCache(ModelOwnCache):
@@ -90,18 +76,20 @@ class LinearAttentionCache(ModelOwnCache):
     padding included: ``generate`` slices its inputs by it) and ``positions`` ``(B,)``, each row's real
     tokens so far (its next learned position). None of it grows with the sequence.
 
-    ``generate`` needs no argument: the model creates this cache on its first forward with ``use_cache``.
-
     Example::
 
         >>> import torch
         >>> from hf_icl.modeling.linear_gpt import LinearGPTConfig, LinearGPTForCausalLM
-        >>> config = LinearGPTConfig(vocab_size=20, n_embd=16, n_layer=2, n_head=2, n_positions=64)
-        >>> model = LinearGPTForCausalLM(config).eval()
+        >>> model = LinearGPTForCausalLM(LinearGPTConfig(vocab_size=20, n_embd=16, n_layer=2, n_head=2)).eval()
         >>> cache = model(torch.randint(20, (1, 30)), use_cache=True).past_key_values
         >>> cache.get_seq_length(), cache.layers[0].state[0].shape
         (30, torch.Size([1, 2, 8, 8]))
+        >>> _ = model(torch.randint(20, (1, 5)), past_key_values=cache)  # five more tokens: the state keeps its size
+        >>> cache.get_seq_length(), cache.layers[0].state[0].shape
+        (35, torch.Size([1, 2, 8, 8]))
     """
+
+    row_tensors = ("positions",)
 
     def __init__(self, num_layers: int):
         super().__init__(layers=[LinearAttentionCacheLayer() for _ in range(num_layers)])
@@ -118,28 +106,7 @@ class LinearAttentionCache(ModelOwnCache):
 
     def reset(self) -> None:
         super().reset()
-        self.seen_tokens, self.positions = 0, None
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
-        if self.positions is not None:
-            self.positions = self.positions.index_select(0, indices.to(self.positions.device))
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
-        if self.positions is not None:
-            self.positions = self.positions.repeat_interleave(repeats, dim=0)
-
-    def crop(self, tokens_to_remove: int) -> None:
-        raise NotImplementedError("a linear-attention state cannot forget tokens: it keeps their sum, not the tokens")
-
-    @property
-    def is_croppable(self) -> bool:
-        return False
-
-    @property
-    def batch_size(self) -> int:
-        return -1 if self.positions is None else self.positions.shape[0]
+        self.seen_tokens = 0
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -281,10 +248,7 @@ class LinearGPTPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
             # GPT-2: the projections onto the residual stream shrink by 1/√(2 · n_layer), two per block
             std = self.config.initializer_range / math.sqrt(2 * self.config.n_layer)
             init.normal_(module.weight, mean=0.0, std=std)
-        if self.config.io_init == "garg" and getattr(module, "is_icl_io_layer", False):
-            bound = 1 / math.sqrt(module.in_features)  # PyTorch's own nn.Linear init, as GPT2ICLConfig's "garg"
-            init.uniform_(module.weight, -bound, bound)
-            init.uniform_(module.bias, -bound, bound)
+        init_icl_io_layer(module, self.config.io_init)
 
 
 class LinearGPTModel(LinearGPTPreTrainedModel):
@@ -427,51 +391,27 @@ class LinearGPTForInContextRegression(LinearGPTPreTrainedModel):
                 f"n_positions ({config.n_positions}) must be at least 2 * n_points = {2 * config.n_points}, the tokens "
                 "of the longest prompt (leave n_positions unset to get exactly that)"
             )
-        self.prompt = PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
-        self.read_in = nn.Linear(self.prompt.token_width, config.n_embd)
-        self.read_in.is_icl_io_layer = True
+        self.prompt = prompt_layout(config)
+        self.read_in = icl_io_layer(self.prompt.token_width, config.n_embd)
         self.transformer = LinearGPTModel(config)
         # Prompts enter through read_in; a trainable unused token table would stall DDP's gradient reduction.
         self.transformer.wte.weight.requires_grad_(False)
-        self.head = ICLHead(config.n_embd, config.target_kind, config.n_classes)
-        self.head.read_out.is_icl_io_layer = True
+        self.head = ICLHead(config.n_embd, config.target_kind, config.n_classes, io_layer=True)
         self.post_init()
 
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
+    @add_forward_docstring(_FORWARD_DOCSTRING)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        loss_positions: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        check_inputs: bool = True,
-        **kwargs,
-    ) -> ICLOutput:
-        """Predict every position of the prompts ``xs (B, N, n_dims)``, ``ys (B, N)``.
-
-        Args:
-            loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
-            output_hidden_states: also return the hidden state of every token after each block.
-            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``;
-                ``|x|`` and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype)
-                at the cost of one device sync; shapes, dtypes and devices are checked either way. With ``False`` a
-                NaN, inf or out-of-bound entry can make *earlier* positions NaN too (the masked linear-attention
-                matmuls multiply a weight of 0 by it, and 0 times inf is NaN), so the predictions are causal only
-                for valid inputs.
-        """
-        config = self.config
-        read_in = self.read_in.weight
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=read_in.device, dtype=read_in.dtype)
+        self, xs: torch.Tensor, ys: torch.Tensor, loss_positions: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None, check_inputs: bool = True, **kwargs) -> ICLOutput:  # fmt: skip
+        tokens = prompt_tokens(self.config, self.prompt, xs, ys, self.read_in.weight, check_inputs)
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
-        labels = encode_labels(ys, config.target_kind, config.n_classes)
-        embeds = self.read_in(self.prompt.tokens(xs.to(self.read_in.weight.dtype), labels))
-        base = self.transformer(inputs_embeds=embeds, use_cache=False, output_hidden_states=output_hidden_states)
-        n_points = xs.shape[1]
-        hidden = base.last_hidden_state[:, self.prompt.query_positions(n_points)]
-        out = self.head(hidden, ys, loss_mask_for(loss_positions, n_points, xs.device))
-        out.hidden_states = base.hidden_states
-        return out
+        base = self.transformer(
+            inputs_embeds=self.read_in(tokens), use_cache=False, output_hidden_states=output_hidden_states
+        )
+        hidden = base.last_hidden_state[:, self.prompt.query_positions(xs.shape[1])]
+        return self.head.predict(hidden, ys, loss_positions, base.hidden_states)
 
 
 class LinearGPTForCausalLM(LinearGPTPreTrainedModel, CheckedGenerationMixin):
@@ -499,19 +439,15 @@ class LinearGPTForCausalLM(LinearGPTPreTrainedModel, CheckedGenerationMixin):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.post_init()
 
+    # Copied from LinearGPTModel.forward
+    #   (signature: input_ids, attention_mask, position_ids, inputs_embeds, past_key_values, use_cache,
+    #   output_hidden_states)
     def forward(
-        self,
-        input_ids: torch.LongTensor | None = None,
-        attention_mask: torch.Tensor | None = None,
-        position_ids: torch.LongTensor | None = None,
-        inputs_embeds: torch.Tensor | None = None,
-        past_key_values: LinearAttentionCache | None = None,
-        labels: torch.LongTensor | None = None,
-        use_cache: bool | None = None,
-        output_hidden_states: bool | None = None,
-        logits_to_keep: int | torch.Tensor = 0,
-        **kwargs,
-    ) -> CausalLMOutputWithPast:
+        self, input_ids: torch.LongTensor | None = None, attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None, inputs_embeds: torch.Tensor | None = None,
+        past_key_values: LinearAttentionCache | None = None, labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None, output_hidden_states: bool | None = None, logits_to_keep: int | torch.Tensor = 0,
+        **kwargs) -> CausalLMOutputWithPast:  # fmt: skip
         """Next-token logits ``(B, T, vocab_size)``; with ``labels`` ``(B, T)`` the mean cross-entropy of predicting
         ``labels[:, t + 1]`` at ``t`` (``-100`` = ignored). ``logits_to_keep``: an int keeps the last that many
         positions (0: all), a tensor the positions it lists. Other arguments as :meth:`LinearGPTModel.forward`."""

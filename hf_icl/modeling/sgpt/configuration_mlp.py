@@ -5,11 +5,10 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields, preset_width
+from ..config_fields import ICLPromptConfig, check_config_kwargs, check_prompt_fields, preset_width
 from .feature_maps import FEATURE_MAPS
 
 #: what the MLP reads at each position (see :class:`MLPICLConfig`)
@@ -20,7 +19,7 @@ SIZE_PRESETS = {"tiny": 256, "small": 512, "standard": 1024}
 ONE_LAYER_SIZE_PRESETS = {"tiny": 64, "small": 128, "standard": 256}
 
 
-class MLPICLConfig(PretrainedConfig):
+class MLPICLConfig(ICLPromptConfig):
     r"""An MLP in-context learner: ``n_hidden_layers`` activated linear layers and a linear read-out, at every position.
 
     The document's MLP (its eq. 14) is ``f(x) = σ(x W0) W1``: one hidden layer of width 1024 with ReLU, trained once
@@ -66,10 +65,6 @@ class MLPICLConfig(PretrainedConfig):
     #: ``from_preset`` sizes: name -> hidden_size
     size_presets: ClassVar[dict[str, int]] = SIZE_PRESETS
 
-    n_dims: int = 20
-    n_points: int = 41
-    target_kind: str = "regression"
-    n_classes: int = 2
     mlp_input: str = "vectorized"
     feature_map: str = "hilbert"
     kernel_bandwidth: float | None = None
@@ -98,11 +93,6 @@ class MLPICLConfig(PretrainedConfig):
     def from_preset(cls, size: str, **kwargs) -> MLPICLConfig:
         """A config with the ``hidden_size`` of a named size (``cls.size_presets``: tiny, small, standard)."""
         return cls(hidden_size=preset_width(size, cls.size_presets, "hidden_size", kwargs), **kwargs)
-
-    @property
-    def label_width(self) -> int:
-        """Numbers per label in the input: 1, or ``n_classes`` one-hot entries."""
-        return self.n_classes if self.target_kind == "categorical" else 1
 
     @property
     def vectorized_width(self) -> int:

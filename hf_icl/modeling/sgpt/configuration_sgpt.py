@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
 from ...validation import check_choice, check_float, check_int
-from ..config_fields import check_config_kwargs, check_prompt_fields
+from ..config_fields import ICLPromptConfig, check_config_kwargs, check_prompt_fields
 from ..prompts import PROMPT_FORMATS
 
 #: how a row of attention scores HHᵀ becomes weights (the document's φ)
@@ -16,7 +15,7 @@ NORMALIZATIONS = ("l1", "softmax", "none", "relu")
 SIZE_PRESETS = {"tiny": (64, 3), "small": (128, 6), "standard": (256, 12)}
 
 
-class SGPTConfig(PretrainedConfig):
+class SGPTConfig(ICLPromptConfig):
     r"""SGPT: GPT-2 with the query, key and value weights fixed to the identity.
 
     Layer ``i`` maps ``H`` to ``σ(g(H) W_proj + H W_MLP) + g(H) W_proj + H`` (the document's eq. 13)
@@ -47,10 +46,6 @@ class SGPTConfig(PretrainedConfig):
     model_type = "sgpt"
     attribute_map = {"hidden_size": "n_embd", "num_hidden_layers": "n_layer", "attn_normalization": "normalization"}
 
-    n_dims: int = 20
-    n_points: int = 41
-    target_kind: str = "regression"
-    n_classes: int = 2
     prompt_format: str = "concatenated"
     n_embd: int = 256
     n_layer: int = 8
@@ -86,8 +81,3 @@ class SGPTConfig(PretrainedConfig):
             raise ValueError(f"size={size!r} sets n_embd and n_layer; do not also pass {clash}")
         n_embd, n_layer = SIZE_PRESETS[size]
         return cls(n_embd=n_embd, n_layer=n_layer, **kwargs)
-
-    @property
-    def label_width(self) -> int:
-        """Width of a label in a row: 1, or ``n_classes`` one-hot entries."""
-        return self.n_classes if self.target_kind == "categorical" else 1

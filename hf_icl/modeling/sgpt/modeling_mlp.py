@@ -9,16 +9,15 @@ multiply-adds per position and hidden unit.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 from transformers import PreTrainedModel
-from transformers import initialization as init
 from transformers.activations import ACT2FN
 
 from ...estimators._prefix import exclusive_cumsum
-from ..heads import ICLHead, ICLOutput, loss_mask_for
+from ..forward_docs import PROMPT_VALUES, add_forward_docstring, icl_forward_docstring
+from ..heads import ICLHead, ICLOutput
+from ..initialization import init_linear_uniform
 from ..loading import BitExactLoadingMixin
 from ..prompts import check_model_prompt, check_no_backbone_kwargs, encode_labels
 from .configuration_mlp import MLPICLConfig, OneLayerFeatureMapConfig
@@ -26,6 +25,13 @@ from .feature_maps import feature_map, prompt_matrix
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
 _FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "check_inputs")
+
+#: the docstring of the ICL model's forward: the shared text (forward_docs.py) with this model's own phrases
+_FORWARD_DOCSTRING = icl_forward_docstring(
+    output_hidden_states="also return the activations of every hidden layer, ``(B, N, hidden_size)`` each.",
+    values=f'{PROMPT_VALUES}, degree 3 for the cubic feature map ``"linear"``',
+    nan_cause="the feature maps' masked matmuls multiply a weight of 0 by it, and 0 times inf is NaN",
+)
 
 
 class MLPICLPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
@@ -39,12 +45,7 @@ class MLPICLPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
-            # U(±1/√fan_in) for weight and bias, as nn.Linear draws them (the document trains PyTorch MLPs). Through
-            # transformers.initialization, so weights that from_pretrained loaded are left alone.
-            bound = 1 / math.sqrt(module.in_features)
-            init.uniform_(module.weight, -bound, bound)
-            if module.bias is not None:
-                init.uniform_(module.bias, -bound, bound)
+            init_linear_uniform(module)  # as nn.Linear draws them: the document trains PyTorch MLPs
 
 
 class MLPForInContextRegression(MLPICLPreTrainedModel):
@@ -80,27 +81,10 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
 
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
+    @add_forward_docstring(_FORWARD_DOCSTRING)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        loss_positions: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        check_inputs: bool = True,
-        **kwargs,
-    ) -> ICLOutput:
-        """Predict every position of the prompts ``xs (B, N, n_dims)``, ``ys (B, N)`` with ``N <= n_points``.
-
-        Args:
-            loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
-            output_hidden_states: also return the activations of every hidden layer, ``(B, N, hidden_size)`` each.
-            check_inputs: check the prompt's *values* (finite, ±1 or class ids by ``config.target_kind``; ``|x|``
-                and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype, degree 3 for the
-                cubic feature map ``"linear"``); one device sync, skipped with ``False``. Shapes, dtypes and devices
-                are checked either way. With ``False`` a NaN, inf or out-of-bound entry can make *earlier* positions
-                NaN too (the feature maps' masked matmuls multiply a weight of 0 by it, and 0 times inf is NaN), so
-                the predictions are causal only for valid inputs.
-        """
+        self, xs: torch.Tensor, ys: torch.Tensor, loss_positions: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None, check_inputs: bool = True, **kwargs) -> ICLOutput:  # fmt: skip
         config = self.config
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         weight = self.head.read_out.weight
@@ -122,9 +106,7 @@ class MLPForInContextRegression(MLPICLPreTrainedModel):
                 states.append(hidden)
         else:  # a linear model: the read-out reads the input itself
             hidden = self._materialised_inputs(xs, labels, features)
-        out = self.head(hidden, ys, loss_mask_for(loss_positions, xs.shape[1], xs.device))
-        out.hidden_states = tuple(states) if output_hidden_states else None
-        return out
+        return self.head.predict(hidden, ys, loss_positions, tuple(states) if output_hidden_states else None)
 
     def input_features(self, xs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor | None:
         """The feature part of every position's input, ``(B, N, features_width)`` in the model's dtype (None for
@@ -200,6 +182,8 @@ class OneLayerFeatureMapModel(MLPForInContextRegression):
         >>> import torch
         >>> from hf_icl.modeling.sgpt import OneLayerFeatureMapConfig, OneLayerFeatureMapModel
         >>> model = OneLayerFeatureMapModel(OneLayerFeatureMapConfig.from_preset("tiny", n_dims=8, n_points=20))
+        >>> model.layers[0]  # W1: the d + 1 = 9 features of ψ(A)'s row to k = 64 hidden units
+        Linear(in_features=9, out_features=64, bias=True)
         >>> xs, ys = torch.randn(2, 20, 8), torch.randn(2, 20)
         >>> model(xs, ys).predictions.shape
         torch.Size([2, 20])

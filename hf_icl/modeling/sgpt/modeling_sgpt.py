@@ -26,13 +26,21 @@ from transformers.activations import ACT2FN
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutput
 
-from ..heads import ICLHead, ICLOutput, loss_mask_for
+from ..forward_docs import add_forward_docstring, hidden_states_entry, icl_forward_docstring
+from ..heads import ICLHead, ICLOutput
+from ..initialization import init_linear_normal
 from ..loading import BitExactLoadingMixin
-from ..prompts import PROMPT_FORMATS, check_model_prompt, check_no_backbone_kwargs, encode_labels
+from ..prompts import check_model_prompt, check_no_backbone_kwargs, encode_labels, prompt_layout, prompt_tokens
 from .configuration_sgpt import SGPTConfig
 
 #: the parameters of the models' forward (close matches for a mistyped keyword)
 _FORWARD_PARAMETERS = ("xs", "ys", "loss_positions", "output_hidden_states", "check_inputs")
+
+#: the docstring of the ICL model's forward: the shared text (forward_docs.py) with this model's own phrases
+_FORWARD_DOCSTRING = icl_forward_docstring(
+    output_hidden_states=hidden_states_entry("layer"),
+    nan_cause="the masked attention matmul multiplies a weight of 0 by it, and 0 times inf is NaN",
+)
 
 
 def attention_weights(scores: torch.Tensor, allowed: torch.Tensor, normalization: str) -> torch.Tensor:
@@ -130,8 +138,7 @@ class SGPTPreTrainedModel(BitExactLoadingMixin, PreTrainedModel):
 
     def _init_weights(self, module):
         if isinstance(module, nn.Linear):
-            init.normal_(module.weight, mean=0.0, std=self.config.initializer_range)
-            init.zeros_(module.bias)
+            init_linear_normal(module, self.config.initializer_range)
         elif isinstance(module, SGPTModel):
             # W₀ ~ N(0, 1/token_width): a row of A with O(1) entries maps to O(1) hidden entries.
             init.normal_(module.read_in, mean=0.0, std=1 / math.sqrt(module.read_in.shape[0]))
@@ -146,35 +153,27 @@ class SGPTModel(SGPTPreTrainedModel):
 
     def __init__(self, config: SGPTConfig):
         super().__init__(config)
-        self.prompt = PROMPT_FORMATS[config.prompt_format](config.n_dims, config.label_width)
+        self.prompt = prompt_layout(config)
         # W₀: fixed and random, but persistent so that a reloaded model is the same function.
         self.register_buffer("read_in", torch.empty(self.prompt.token_width, config.n_embd), persistent=True)
         self.layers = nn.ModuleList(SGPTBlock(config) for _ in range(config.n_layer))
         self.gradient_checkpointing = False
         self.post_init()
 
+    # Copied from SGPTForInContextRegression.forward
+    #   (signature: xs, ys, output_hidden_states, check_inputs)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        output_hidden_states: bool | None = None,
-        check_inputs: bool = True,
-        queries_only: bool = False,
-        **kwargs,
-    ) -> BaseModelOutput:
+        self, xs: torch.Tensor, ys: torch.Tensor, output_hidden_states: bool | None = None, check_inputs: bool = True,
+        queries_only: bool = False, **kwargs) -> BaseModelOutput:  # fmt: skip
         """``check_inputs``: see :meth:`SGPTForInContextRegression.forward`.
 
         ``queries_only``: return only the states of the tokens that predict, ``(B, N, n_embd)`` (the query rows,
         or the x tokens of the interleaved format). In the concatenated format the last layer then skips the
         context rows, whose outputs nothing reads (unless ``output_hidden_states`` asks for every token).
         """
-        config = self.config
-        read_in = self.read_in
-        check_model_prompt(config, xs, ys, check_values=check_inputs, device=read_in.device, dtype=read_in.dtype)
+        tokens = prompt_tokens(self.config, self.prompt, xs, ys, self.read_in, check_inputs) @ self.read_in
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
-        labels = encode_labels(ys, config.target_kind, config.n_classes)
-        tokens = self.prompt.tokens(xs.to(self.read_in.dtype), labels) @ self.read_in
-        if config.prompt_format == "concatenated":
+        if self.config.prompt_format == "concatenated":
             queries, context = tokens[:, 0::2], tokens[:, 1::2]
         else:
             queries, context = None, tokens
@@ -216,10 +215,12 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
 
         >>> import torch
         >>> from hf_icl import SGPTConfig, SGPTForInContextRegression
+        >>> from hf_icl.modeling.sgpt import per_prefix_predictions
         >>> model = SGPTForInContextRegression(SGPTConfig.from_preset("tiny", n_dims=5, n_points=11))
         >>> xs, ys = torch.randn(4, 11, 5), torch.randn(4, 11)
-        >>> model(xs, ys).predictions.shape
-        torch.Size([4, 11])
+        >>> predictions = model(xs, ys).predictions  # every position in one pass
+        >>> predictions.shape, torch.allclose(predictions, per_prefix_predictions(model, xs, ys), atol=1e-5)
+        (torch.Size([4, 11]), True)
     """
 
     def __init__(self, config: SGPTConfig):
@@ -230,34 +231,15 @@ class SGPTForInContextRegression(SGPTPreTrainedModel):
 
     # Copied from GPT2ForInContextRegression.forward
     #   (signature: xs, ys, loss_positions, output_hidden_states; Args: loss_positions)
+    @add_forward_docstring(_FORWARD_DOCSTRING)
     def forward(
-        self,
-        xs: torch.Tensor,
-        ys: torch.Tensor,
-        loss_positions: torch.Tensor | list[int] | None = None,
-        output_hidden_states: bool | None = None,
-        check_inputs: bool = True,
-        **kwargs,
-    ) -> ICLOutput:
-        """Predict every position of the prompts ``xs (B, N, n_dims)``, ``ys (B, N)``.
-
-        Args:
-            loss_positions: a ``(N,)`` bool mask or integer indices of the positions in the loss (default all).
-            output_hidden_states: also return the hidden state of every token after each layer.
-            check_inputs: check the prompt's values (finite ``xs``; valid ``ys`` for ``config.target_kind``;
-                ``|x|`` and real ``|y|`` at most :func:`.max_prompt_magnitude` of the model's dtype)
-                at the cost of one device sync; shapes, dtypes and devices are checked either way. With ``False`` a
-                NaN, inf or out-of-bound entry can make *earlier* positions NaN too (the masked attention matmul
-                multiplies a weight of 0 by it, and 0 times inf is NaN), so the predictions are causal only for
-                valid inputs.
-        """
+        self, xs: torch.Tensor, ys: torch.Tensor, loss_positions: torch.Tensor | list[int] | None = None,
+        output_hidden_states: bool | None = None, check_inputs: bool = True, **kwargs) -> ICLOutput:  # fmt: skip
         check_no_backbone_kwargs(type(self).__name__, kwargs, _FORWARD_PARAMETERS)
         base = self.model(
             xs, ys, output_hidden_states=output_hidden_states, check_inputs=check_inputs, queries_only=True
         )
-        out = self.head(base.last_hidden_state, ys, loss_mask_for(loss_positions, xs.shape[1], xs.device))
-        out.hidden_states = base.hidden_states
-        return out
+        return self.head.predict(base.last_hidden_state, ys, loss_positions, base.hidden_states)
 
 
 @torch.no_grad()
