@@ -176,13 +176,7 @@ def evaluate_context_scaling(
             :func:`~hf_icl.evaluation.predictors.check_finite_predictions`), instead of drawing a NaN curve.
     """
     predictors, family, metric, n_points, device, confidence = checked_evaluation(
-        models_and_estimators,
-        task,
-        n_prompts,
-        n_points=n_points,
-        device=device,
-        confidence=confidence,
-        normalizer=normalizer,
+        models_and_estimators, task, n_prompts, n_points, device, confidence, normalizer
     )
     xs, ys = family.sample(n_prompts, n_points, seed=seed)
     scores = score_predictors(predictors, xs, ys, metric, batch_size=batch_size, device=device)
@@ -210,7 +204,6 @@ def checked_evaluation(
     models_and_estimators: Mapping[str, Predictor],
     task: TaskFamily | str | dict[str, Any],
     n_prompts: int,
-    *,
     n_points: int | None,
     device: str | torch.device | None,
     confidence: tuple[float, float],

@@ -256,13 +256,7 @@ def evaluate_prompt_strategy(
     """
     check_strategy(strategy)
     predictors, family, metric, n_points, device, confidence = checked_evaluation(
-        models_and_estimators,
-        task,
-        n_prompts,
-        n_points=n_points,
-        device=device,
-        confidence=confidence,
-        normalizer=normalizer,
+        models_and_estimators, task, n_prompts, n_points, device, confidence, normalizer
     )
 
     prompts = strategy_prompts(family, strategy, n_prompts, n_points, seed, **dict(strategy_options or {}))

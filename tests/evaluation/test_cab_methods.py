@@ -15,7 +15,7 @@ from tiny_models import tiny_gpt2, tiny_llama
 
 import hf_icl.attention as attention
 from hf_icl.attention import cab
-from hf_icl.attention.cab import CABSelection, enable_cab, observe_cab_selection, select_cab_blocks
+from hf_icl.attention.cab import enable_cab, observe_cab_selection, select_cab_blocks
 from hf_icl.attention.preservation import attention_preservation
 from hf_icl.evaluation.cab_methods import (
     NIAHMethod,
@@ -27,13 +27,6 @@ from hf_icl.evaluation.cab_methods import (
 )
 
 BS = 16
-
-
-def _calls_of(model, ids: torch.Tensor) -> list[CABSelection]:
-    calls = []
-    with observe_cab_selection(calls.append), torch.no_grad():
-        model(ids, use_cache=False)
-    return calls
 
 
 def test_decode_steps_are_observed_too_and_counters_skip_them():
@@ -80,10 +73,9 @@ def test_the_probe_equals_an_independent_dense_computation(factory, method):
     prompt, needle, rows = 86, (33, 41), 7
     with restoring_attention(model):
         apply_method(model, method, BS, "row")
-        probe = PreservationProbe(*needle, rows, prompt)
-        with observing(probe), torch.no_grad():
+        probe, calls = PreservationProbe(*needle, rows, prompt), []  # calls: the queries and keys the probe saw
+        with observing(probe), observe_cab_selection(calls.append), torch.no_grad():
             model(ids, use_cache=False)
-        calls = _calls_of(model, ids)  # the same forward once more, for its queries and keys
     scores, kept_pairs, causal_pairs = [], 0, 0
     for call in calls:
         q, k = call.query, call.key
