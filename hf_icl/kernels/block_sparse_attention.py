@@ -49,6 +49,7 @@ import torch
 
 from ._common import (
     BACKENDS,
+    INDEX_DTYPES,  # noqa: F401  (the indices/counts dtypes this op takes, as before)
     SUPPORTED_DTYPES,
     check_block_lists,
     check_kernel_runnable,

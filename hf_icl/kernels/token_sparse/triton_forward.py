@@ -50,7 +50,16 @@ import math
 
 import torch
 
-from .._common import check_block_lists, check_kernel_runnable, check_qkv, describe, is_interpreted, tl, triton
+from .._common import (
+    INDEX_DTYPES,  # noqa: F401  (the indices/counts dtypes this op takes, as before)
+    check_block_lists,
+    check_kernel_runnable,
+    check_qkv,
+    describe,
+    is_interpreted,
+    tl,
+    triton,
+)
 from .triton_pairs import PairList, build_pair_list, cut_work_items
 
 __all__ = [
