@@ -39,8 +39,8 @@ def test_the_dense_route_reports_no_selection_and_observers_nest():
     model = enable_cab(tiny_gpt2(64), sparsity=0.5, block_size=BS, min_seq_len=200)  # shorter: dense
     outer, inner = [], []
     with observe_cab_selection(outer.append), torch.no_grad():
-        with observe_cab_selection(inner.append):
-            model(torch.arange(40)[None], use_cache=False)
+        with observe_cab_selection(inner.append), pytest.warns(UserWarning, match="CAB ran dense attention"):
+            model(torch.arange(40)[None], use_cache=False)  # the short-prompt warning, once per model
         model(torch.arange(40)[None], use_cache=False)
     assert len(inner) == 2 and len(outer) == 4
     assert all(call.route == "dense" and call.token_keep is None for call in outer)
