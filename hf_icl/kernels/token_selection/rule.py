@@ -261,6 +261,7 @@ def token_block_selector(
             scores=lambda: token_block_scores(q_range, summaries(), scaling),
             hop=hop,
             mass=mass,
+            visible_blocks=(n_k - n_q + stop - 1) // block_size + 1,  # the range's last query sees no block after
             **rule,
         )
 
@@ -284,6 +285,7 @@ def apply_selection_rule(
     min_seq_len: int,
     lam: float,
     magnitude_fraction: float,
+    visible_blocks: int | None = None,
 ) -> torch.Tensor:
     """The rule of the module docstring given the block scores: the selection ``(B, H, Nq, Mk)`` bool of
     ``shape``, for query tokens at real positions ``q_pos (B|1, Nq)`` (−1: padding).
@@ -291,32 +293,43 @@ def apply_selection_rule(
     ``scores``, ``hop`` and ``mass`` are called only when the policy needs them: the ``(B, H, Nq, Mk)`` block
     scores, the FRC hop matrix and the oracle's block mass. :func:`select_token_blocks` computes them from the keys;
     the decode cache (:mod:`.cab_cache`) from the block summaries it keeps, so both apply this one rule.
+    ``visible_blocks``: a host-side bound on ``own block + 1`` over the rows (None: ``Mk``); the ranking then runs
+    over those first blocks only (the rest are invisible to every row), with the same result.
     """
     batch, heads, n_q, n_blocks = shape
     own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
-    cols = torch.arange(n_blocks, device=q_pos.device)
+    if policy == "dense" or (budget == "row" and sparsity == 0):
+        cols = torch.arange(n_blocks, device=q_pos.device)
+        return ((cols <= own) & (own >= 0)).expand(batch, heads, n_q, n_blocks).clone()
+    # FRC's two-hop matmul would sum over fewer blocks (other rounding): its policies rank every block
+    seen = n_blocks if visible_blocks is None or policy in _TWO_HOP else max(1, min(n_blocks, visible_blocks))
+    cols = torch.arange(seen, device=q_pos.device)
     visible = (cols <= own) & (own >= 0)
     forced = visible & ((cols > own - local_blocks) | (cols < sink_blocks))
     candidate = visible & ~forced
-    if policy == "dense" or (budget == "row" and sparsity == 0):
-        return visible.expand(batch, heads, n_q, n_blocks).clone()
     if budget == "row":
         n_keep = torch.floor((1.0 - sparsity) * (own + 1).double() + 0.5).clamp_min(1).long()
-        max_count = min(n_blocks, int((1.0 - sparsity) * n_blocks + 0.5) + 1)
+        max_count = min(seen, int((1.0 - sparsity) * seen + 0.5) + 1)  # own + 1 <= seen bounds every row's n_keep
     else:
         n_keep = torch.full_like(own, topk)
-        max_count = min(n_blocks, topk)
+        max_count = min(seen, topk)
     remaining = (n_keep - forced.sum(-1, keepdim=True)).clamp_min(0).squeeze(-1)  # (B|1, 1, Nq)
     if policy == "streaming":
         chosen = _top_among(cols.float().expand(candidate.shape), candidate, remaining, max_count)
     elif policy == "oracle":
-        chosen = _top_among(mass(), candidate, remaining, max_count)
+        chosen = _top_among(mass()[..., :seen], candidate, remaining, max_count)
     else:
-        chosen = _rank_and_pick(scores(), candidate, remaining, max_count, policy, hop, lam, magnitude_fraction)
+        ranks = scores()[..., :seen]  # sliced after scoring: the same float32 values as over every block
+        chosen = _rank_and_pick(ranks, candidate, remaining, max_count, policy, hop, lam, magnitude_fraction)
     token_keep = forced | chosen
     if min_seq_len > 0:  # early tokens attend densely
         token_keep = token_keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
-    return token_keep.expand(batch, heads, n_q, n_blocks)
+    token_keep = token_keep.expand(batch, heads, n_q, seen)
+    return token_keep if seen == n_blocks else torch.nn.functional.pad(token_keep, (0, n_blocks - seen))
+
+
+#: the policies whose ranks go through FRC's two-hop term
+_TWO_HOP = ("frc", "frc_low", "hybrid")
 
 
 def _rank_and_pick(scores, candidate, remaining, max_count, policy, hop, lam, fraction):

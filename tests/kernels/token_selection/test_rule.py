@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks
+from hf_icl.kernels.token_selection.rule import achieved_sparsity, select_token_blocks, token_block_selector
 from hf_icl.kernels.token_selection.topk import top_among
 
 BS = 16
@@ -92,6 +92,43 @@ def test_decode_queries_padding_and_dense_prefix_follow_the_same_rule():
     token_keep = _select(q, k, valid, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40)
     expected = _loop_selection(q, k, policy="magnitude", score="mean", sparsity=0.5, min_seq_len=40, valid=valid)
     assert torch.equal(token_keep, expected)
+
+
+@pytest.mark.parametrize("policy", ["magnitude", "streaming", "oracle"])
+@pytest.mark.parametrize("budget", [{"sparsity": 0.6}, {"topk": 3}])
+@pytest.mark.parametrize("padded", [False, True])
+def test_query_ranges_rank_only_the_blocks_they_see_and_select_as_the_loop(policy, budget, padded):
+    """The selector ranks a range's rows over the blocks up to its last query's own block only; every range, early
+    ones included, still selects what the rule written out per token selects (the oracle against the whole-sequence
+    selection, which the loop does not write out)."""
+    q, k = _qk(100, 100, seed=3)
+    valid = torch.ones(100, dtype=torch.bool)
+    if padded:
+        valid[:13] = False
+    kind = "row" if "sparsity" in budget else "topk"
+    rule = {
+        "block_size": BS,
+        "policy": policy,
+        "budget": kind,
+        "sparsity": 0.9,
+        "topk": 8,
+        "sink_blocks": 1,
+        "local_blocks": 1,
+        "min_seq_len": 0,
+        "lam": 0.5,
+        "magnitude_fraction": 0.5,
+        **budget,
+    }
+    select = token_block_selector(
+        q[None, None], k[None, None], scaling=1.0, score="mean", key_valid=valid[None] if padded else None, **rule
+    )
+    ranged = torch.cat([select(a, b) for a, b in ((0, 17), (17, 40), (40, 41), (41, 100))], dim=2)[0, 0]
+    if policy == "oracle":
+        expected = select(0, 100)[0, 0]
+    else:
+        loop_rule = {"sparsity": 0.9, **budget}
+        expected = _loop_selection(q, k, policy=policy, score="mean", valid=valid if padded else None, **loop_rule)
+    assert torch.equal(ranged, expected)
 
 
 def test_achieved_sparsity_counts_visible_blocks_of_real_queries():
