@@ -175,15 +175,15 @@ def _attend_range(q_range, q_pos, keep, blocks: _KeyBlocks, dropout: float) -> t
     )
     flat_q = torch.cat([q_range.reshape(rows_total, dim), q_range.new_zeros(1, dim)])  # + a padding row
     pos_flat = torch.cat([q_pos[:, None, :].expand(batch, heads, n_rows).reshape(-1), q_pos.new_full((1,), -1)])
-    # per token: Σ p·v in the first D columns, Σ p in the last
-    sums = q_range.new_zeros(rows_total + 1, dim + 1)
+    # per token: Σ p·v and Σ p (two accumulators: no concatenated copy of every p @ v)
+    weighted, norm = q_range.new_zeros(rows_total + 1, dim), q_range.new_zeros(rows_total + 1)
     # a token's pairs stay together: cut the range where the running pair count crosses the score budget
     per_token = torch.bincount(pairs.token, minlength=n_rows)
     cuts = _piece_bounds(per_token, max(1, _MAX_SCORE_ELEMENTS // blocks.block_size))
     for start, stop in cuts:
         piece = pairs if len(cuts) == 1 else pairs.subset((pairs.token >= start) & (pairs.token < stop))
-        sums = _attend_piece(flat_q, pos_flat, piece, blocks, dropout, sums)
-    out = sums[:rows_total, :dim] / sums[:rows_total, dim:].clamp_min(torch.finfo(torch.float32).tiny)
+        weighted, norm = _attend_piece(flat_q, pos_flat, piece, blocks, dropout, weighted, norm)
+    out = weighted[:rows_total] / norm[:rows_total, None].clamp_min(torch.finfo(torch.float32).tiny)
     return out.view(batch, heads, n_rows, dim)
 
 
@@ -213,9 +213,9 @@ def _piece_bounds(per_token: torch.Tensor, budget: int) -> list[tuple[int, int]]
     return bounds
 
 
-def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, sums):
+def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: float, weighted, norm):
     """Every pair of a piece (whole tokens): scores, each token's maximum over its pairs, then ``exp(s − max)``;
-    ``[p @ v, Σ p]`` added to the tokens' rows of ``sums`` (returned: Σ p·v and Σ p per token)."""
+    ``p @ v`` and ``Σ p`` added to the tokens' rows of ``weighted`` and ``norm`` (both returned)."""
     pad_row = flat_q.shape[0] - 1
     buckets = []
     for masked in (False, True):
@@ -235,13 +235,14 @@ def _attend_piece(flat_q, pos_flat, pairs: _Pairs, blocks: _KeyBlocks, dropout: 
     for bucket, s in zip(buckets, scores, strict=True):
         shift = row_max[bucket.rows][..., None]
         p = s.sub_(shift).exp_() if inplace else torch.exp(s - shift)
-        row_sums = p.sum(-1, keepdim=True)  # before dropout: the normaliser is the undropped sum
+        row_sums = p.sum(-1)  # before dropout: the normaliser is the undropped sum
         if dropout:
             p = F.dropout(p, p=dropout)
-        pv = torch.cat([torch.matmul(p, blocks.values.index_select(0, bucket.blocks)), row_sums], dim=-1)
+        pv = torch.matmul(p, blocks.values.index_select(0, bucket.blocks))
         add = torch.Tensor.index_add_ if inplace else torch.Tensor.index_add  # autograd: a fresh accumulator
-        sums = add(sums, 0, bucket.rows.flatten(), pv.flatten(0, 1))
-    return sums
+        rows = bucket.rows.flatten()
+        weighted, norm = add(weighted, 0, rows, pv.flatten(0, 1)), add(norm, 0, rows, row_sums.flatten())
+    return weighted, norm
 
 
 class _Bucket:
