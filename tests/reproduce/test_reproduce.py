@@ -2,6 +2,7 @@
 
 import json
 import re
+from dataclasses import fields
 
 import pytest
 from repo_paths import REPO
@@ -9,7 +10,8 @@ from toy_scales import SGPT_TOY as TOY
 
 from hf_icl.cli import main
 from hf_icl.reproduce import experiments, reproduce
-from hf_icl.reproduce.report import VERDICTS, Claim, Report, comparable, improves
+from hf_icl.reproduce.engine import PAPERS
+from hf_icl.reproduce.report import VERDICTS, Claim, Report, RunOptions, comparable, improves
 from hf_icl.reproduce.sgpt import EXPERIMENTS
 
 
@@ -133,3 +135,18 @@ def test_mlp_steps_apply_to_the_mlp_runs_only(tmp_path, capsys):
     reproduce("sgpt", "fig1", output_dir=tmp_path, scale=TOY, mlp_steps=3)
     out = capsys.readouterr().out
     assert out.count("mlp_icl, 3 steps") == 4 and out.count("gpt2_icl, 2 steps") == 4
+
+
+@pytest.mark.parametrize("paper", ["sgpt", "linear-attention", "kernel-icl", "gd-icl"])
+def test_every_paper_state_carries_the_run_options_it_was_started_with(tmp_path, paper):
+    """The options a user passes reach the experiments: each paper's start copies every RunOptions field onto its
+    state (the kernel study has the seeds shifted into its scale instead), and the paths and report as given."""
+    spec = PAPERS[paper]
+    options = RunOptions(seed=3, retrain=True, steps=7, mlp_steps=11 if spec.trains_mlps else None, workers=1)
+    report = Report(paper, "x", "t", "toy", "c", tmp_path)
+    state = spec.start(spec.cpu, tmp_path / "out", tmp_path / "runs", report, options)
+    assert state.output_dir == tmp_path / "out" and state.report is report
+    for field in fields(RunOptions):
+        assert getattr(state, field.name) == getattr(options, field.name), field.name
+    if paper != "sgpt":  # SGPT's runs live in each figure's folder
+        assert state.runs_dir == tmp_path / "runs"
