@@ -1,4 +1,5 @@
-"""Shared helpers of the Triton kernel tests (forward, backward, split-K decode): device, skip marker, random inputs.
+"""Shared helpers of the Triton kernel tests (forward, backward, split-K decode): device, skip marker, random inputs,
+a spy on the entry a route takes.
 
 Imported as ``from kernel_helpers import ...`` from any folder of tests/ (``pythonpath = ["tests"]`` in pyproject.toml).
 """
@@ -57,3 +58,16 @@ def left_padding_mask(lengths: list[int], n_k: int) -> torch.Tensor:
     """Bool (len(lengths), n_k) key padding mask, True = real key: row b holds its ``lengths[b]`` real keys last."""
     positions = torch.arange(n_k)
     return torch.stack([positions >= n_k - length for length in lengths]).to(DEVICE)
+
+
+def record_keyword(monkeypatch, module, name: str, keyword: str) -> list:
+    """Wrap ``module.name`` so that every call appends its ``keyword`` argument to the returned list and then runs as
+    before (the spy goes with ``monkeypatch``)."""
+    seen, original = [], getattr(module, name)
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs[keyword])
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, spy)
+    return seen

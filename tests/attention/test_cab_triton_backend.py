@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, needs_triton
+from kernel_helpers import DEVICE, needs_triton, record_keyword
 from tiny_models import cab_llama, tiny_gpt2, tokens
 
 from hf_icl.attention import cab as cab_module
@@ -245,14 +245,7 @@ def test_a_left_padded_decode_step_on_the_kernel_equals_pytorch_and_each_row_alo
     key starts (no PyTorch attention), and equals the PyTorch route on the same inputs and each row run alone
     (unpadded, on the kernels: the fused selection) with grouped-query heads, every fused policy and both budgets."""
     q, k, v, mask, starts = _left_padded_decode_inputs([90, 61, 33, 17], 90)
-    seen = []
-    decode = cab_module.token_sparse_decode
-
-    def spy(*args, **kwargs):
-        seen.append(kwargs["row_starts"])
-        return decode(*args, **kwargs)
-
-    monkeypatch.setattr(cab_module, "token_sparse_decode", spy)
+    seen = record_keyword(monkeypatch, cab_module, "token_sparse_decode", "row_starts")
     monkeypatch.setattr(cab_module, "attend_selected", lambda *a, **kw: pytest.fail("the PyTorch path ran"))
     fields = dict(policy=policy, sparsity=0.6, budget=budget, topk=2)
     kernel, _ = cab_attention_forward(_module(backend="triton", **fields), q, k, v, mask)

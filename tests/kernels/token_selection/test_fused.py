@@ -18,7 +18,7 @@ import math
 
 import pytest
 import torch
-from kernel_helpers import DEVICE, needs_triton
+from kernel_helpers import DEVICE, needs_triton, record_keyword
 
 from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
 from hf_icl.kernels.block_sparse_decode import block_sparse_decode_reference, block_sparse_decode_triton
@@ -261,15 +261,7 @@ def test_selection_width_bounds_every_row():
 
 
 def _spy(monkeypatch, module=ts):
-    calls = []
-    original = module.select_token_blocks_triton
-
-    def spy(*args, **kwargs):
-        calls.append(kwargs["policy"])
-        return original(*args, **kwargs)
-
-    monkeypatch.setattr(module, "select_token_blocks_triton", spy)
-    return calls
+    return record_keyword(monkeypatch, module, "select_token_blocks_triton", "policy")
 
 
 def test_auto_keeps_the_reference_on_cpu_tensors(monkeypatch):
