@@ -298,13 +298,14 @@ def apply_selection_rule(
     """
     batch, heads, n_q, n_blocks = shape
     own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
-    if policy == "dense" or (budget == "row" and sparsity == 0):
-        cols = torch.arange(n_blocks, device=q_pos.device)
-        return ((cols <= own) & (own >= 0)).expand(batch, heads, n_q, n_blocks).clone()
+    dense = policy == "dense" or (budget == "row" and sparsity == 0)
     # FRC's two-hop matmul would sum over fewer blocks (other rounding): its policies rank every block
-    seen = n_blocks if visible_blocks is None or policy in _TWO_HOP else max(1, min(n_blocks, visible_blocks))
+    ranks_all = visible_blocks is None or dense or policy in _TWO_HOP
+    seen = n_blocks if ranks_all else max(1, min(n_blocks, visible_blocks))
     cols = torch.arange(seen, device=q_pos.device)
     visible = (cols <= own) & (own >= 0)
+    if dense:
+        return visible.expand(batch, heads, n_q, n_blocks).clone()
     forced = visible & ((cols > own - local_blocks) | (cols < sink_blocks))
     candidate = visible & ~forced
     if budget == "row":
