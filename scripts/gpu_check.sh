@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# CAB on one GPU in one call (budget: under 8 minutes on an H100/H200): the environment, the kernel tests on CUDA,
-# then `hf-icl bench cab --device cuda` at 8k and 32k tokens (kernels, CAB end to end vs flash SDPA, the pairs
-# section, decode at 16k), every table written under OUT_DIR. Each step has its own time limit, so a slow step
-# cannot eat the others' time; the script goes on after a failed step and exits non-zero at the end.
+# CAB on one GPU in one call (budget: under 8 minutes on an H100/H200): the environment, the CAB kernel and attention
+# tests on CUDA, `hf-icl bench cab --device cuda` at 8k and 32k tokens (the pairs section, CAB end to end vs flash
+# SDPA, decode at 16k, the selection alone, the per-kernel sections), then scripts/profile_cab_gpu.py (where a 32k
+# call's time goes, kernel by kernel, and the fused selection's launch-shape sweep); every table written under
+# OUT_DIR. Each step has its own time limit, so a slow step cannot eat the others' time; the script goes on after a
+# failed step and exits non-zero at the end. The tests log one line per test (-v) and, where pytest-timeout is
+# installed, stop any single test after 60 s, so a cut-short step still names what ran and what failed.
 #
 #   bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine (python3 with torch, triton, transformers)
 #   bash scripts/gpu_check.sh --dry-run OUT_DIR  # the same steps at tiny sizes on CPU (TRITON_INTERPRET=1; CI runs it)
 #
-# Record the tables in docs/results/cab.md with the date and the card.
+# CAB_QK=FILE adds the captured-q/k tables (scripts/capture_cab_qk.py writes one; the bench uses its lengths <= the
+# capture's). Record the tables in docs/results/cab.md with the date and the card.
 set -uo pipefail
 dry=0
 if [[ "${1:-}" == "--dry-run" ]]; then
@@ -33,25 +37,34 @@ step() {  # step NAME SECONDS COMMAND...: run with a time limit, log to OUT_DIR/
     ((rc == 0)) || failed+=("$name")
 }
 
-kernel_tests=(tests/kernels/token_sparse/test_triton.py tests/attention/test_cab_triton_backend.py tests/kernels/test_block_sparse_decode.py)
-more_tests=(tests/kernels/token_selection/test_fused.py tests/attention/test_cab.py tests/attention/test_cab_causality.py)
+tests=(tests/kernels/token_sparse/test_triton.py tests/attention/test_cab_triton_backend.py tests/kernels/test_block_sparse_decode.py
+    tests/kernels/token_selection/test_fused.py tests/attention/test_cab.py tests/attention/test_cab_causality.py)
+qk=()
+if [[ -n "${CAB_QK:-}" ]]; then
+    qk=(--qk "$CAB_QK")
+fi
 if ((dry)); then
     export TRITON_INTERPRET=1 OMP_NUM_THREADS=1
     step environment 60 "$python" -c "import torch, triton, transformers; print(torch.__version__, triton.__version__, transformers.__version__)"
     step kernel_tests 300 "$python" -m pytest -q -x -p no:cacheprovider tests/attention/test_cab_triton_backend.py -k "route_table or actually_taken"
-    step bench 300 "$python" -m hf_icl.cli bench cab --smoke --lengths 64 --sparsities 0.9 --output "$out/cab_bench.md"
+    step bench 300 "$python" -m hf_icl.cli bench cab --smoke --lengths 64 --sparsities 0.9 "${qk[@]}" --output "$out/cab_bench.md"
+    step profile 300 "$python" scripts/profile_cab_gpu.py --dry-run --output "$out/profile.md"
 else
     step environment 60 "$python" -c "
 import torch, triton, transformers
 print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)
 p = torch.cuda.get_device_properties(0)
 print(p.name, p.multi_processor_count, 'SMs', round(p.total_memory / 2**30), 'GiB')"
-    step kernel_tests 150 "$python" -m pytest -q -x -n 8 -p no:cacheprovider "${kernel_tests[@]}"
-    step bench 270 "$python" -m hf_icl.cli bench cab --device cuda --lengths 8192 32768 --shapes 1,12,64 \
-        --sparsities 0.9 0.95 --pairs-lengths 8192 16384 32768 --pairs-sparsities 0.9 0.95 \
+    per_test=()
+    if "$python" -c "import pytest_timeout" 2>/dev/null; then
+        per_test=(--timeout 60)
+    fi
+    step kernel_tests 150 "$python" -m pytest -v -n 14 -p no:cacheprovider --durations 20 "${per_test[@]}" "${tests[@]}"
+    step bench 200 "$python" -m hf_icl.cli bench cab --device cuda --lengths 8192 32768 --shapes 1,12,64 \
+        --sparsities 0.9 0.95 --pairs-lengths 8192 16384 32768 --pairs-sparsities 0.9 0.95 "${qk[@]}" \
         --model-lengths 8192 32768 --cache-lengths 16384 --model-layers 12 --no-flex \
         --repeats 10 --warmup 3 --output "$out/cab_bench.md"
-    step more_tests 90 "$python" -m pytest -q -n 8 -p no:cacheprovider "${more_tests[@]}"
+    step profile 90 "$python" scripts/profile_cab_gpu.py --output "$out/profile.md"
 fi
 if ((${#failed[@]})); then
     echo "failed steps: ${failed[*]}"

@@ -248,7 +248,15 @@ def test_gpu_check_script_dry_run(tmp_path):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert result.stdout.strip().endswith("all steps passed")
-    for name in ("environment", "kernel_tests", "bench"):
+    for name in ("environment", "kernel_tests", "bench", "profile"):
         assert (tmp_path / f"{name}.log").exists()
     table = (tmp_path / "cab_bench.md").read_text()
     assert "selected pairs / dense causal pairs" in table
+    # the profile step: the per-kernel table, then the sweep, where every launch shape selects what the default does
+    # (the launch shape only decides which program computes a row; the dry run's small random inputs have no
+    # near-ties for the dot's other summation order to break the other way)
+    profile = (tmp_path / "profile.md").read_text()
+    assert "Profile:" in profile and "cab_call" in profile and "sdpa_call" in profile
+    sweep = [line.split("|") for line in profile.splitlines() if line.startswith(("| outer |", "| dot |"))]
+    assert {row[1].strip() for row in sweep} == {"outer", "dot"} and len(sweep) == 8
+    assert all(int(row[5]) == 0 for row in sweep), sweep

@@ -79,6 +79,11 @@ _POLICY_CODES = {name: code for code, name in enumerate(FUSED_POLICIES)}
 # 8192 values on 8 warps take ~200 registers a thread without spilling for magnitude; FRC holds three such tiles,
 # so it takes half (not yet timed on a GPU: a tuning knob)
 _TILE_VALUES = 8192
+#: warps per program; None derives them from the tile (one warp per 512 values, at most 8). scripts/profile_cab_gpu.py
+#: sweeps this and _TILE_VALUES on a GPU
+_NUM_WARPS: int | None = None
+#: score tiles of >= 16 rows with float32 tl.dot (IEEE) instead of outer products; the sweep times both
+_DOT_SCORES = False
 _MAX_ROWS = 64
 _HOP_CHUNK = 16  # the two-hop term picks A's columns out of chunks of this many key blocks
 
@@ -129,12 +134,33 @@ if triton is not None:
     @triton.jit
     def _summary_products(
         q_rows, qs_d, row_ok, summary, s_rows, ss_d, summary_ok, head_dim,
-        SIGN: tl.constexpr, ROWS: tl.constexpr, MK: tl.constexpr,
+        SIGN: tl.constexpr, ROWS: tl.constexpr, MK: tl.constexpr, DOT: tl.constexpr,
     ):  # fmt: skip
-        """``q · summary`` for every (row, key block), float32 ``(ROWS, MK)``: one outer product per head dim (in
-        registers, so any number of key blocks up to the register budget and no shared memory); ``SIGN`` 1 / -1 keeps
-        only the query's positive / negative components (the bound score's two halves), 0 all of them."""
+        """``q · summary`` for every (row, key block), float32 ``(ROWS, MK)``; ``SIGN`` 1 / -1 keeps only the
+        query's positive / negative components (the bound score's two halves), 0 all of them.
+
+        ``DOT`` (tiles of at least 16 rows): float32 ``tl.dot`` (IEEE, no TF32) over chunks of 16 head dims, whole
+        tiles loaded at once; otherwise one outer product per head dim in registers (any tile, no shared memory, but
+        one dependent load after another)."""
         raw = tl.zeros([ROWS, MK], tl.float32)
+        if DOT:
+            dims = tl.arange(0, 16)
+            for d0 in range(0, head_dim, 16):
+                d_ok = d0 + dims < head_dim
+                q_tile = tl.load(
+                    q_rows[:, None] + (d0 + dims)[None, :] * qs_d, mask=row_ok[:, None] & d_ok[None, :], other=0.0
+                ).to(tl.float32)
+                if SIGN > 0:
+                    q_tile = tl.maximum(q_tile, 0.0)
+                elif SIGN < 0:
+                    q_tile = tl.minimum(q_tile, 0.0)
+                s_tile = tl.load(
+                    summary + s_rows[None, :] + (d0 + dims)[:, None] * ss_d,
+                    mask=summary_ok[None, :] & d_ok[:, None],
+                    other=0.0,
+                )
+                raw = tl.dot(q_tile, s_tile, raw, input_precision="ieee")
+            return raw
         for d in range(0, head_dim):
             q_col = tl.load(q_rows + d * qs_d, mask=row_ok, other=0.0).to(tl.float32)
             if SIGN > 0:
@@ -192,7 +218,7 @@ if triton is not None:
         ks_b, ks_h, ks_n, ks_m, is_b, is_h, is_n, is_w, cs_b, cs_h, cs_n,        # token_keep / indices / counts strides
         POLICY: tl.constexpr, BOUND: tl.constexpr, ROW_BUDGET: tl.constexpr, BLOCK_T: tl.constexpr,
         ROWS: tl.constexpr, MK: tl.constexpr, HOP_CHUNK: tl.constexpr, WIDTH_PAD: tl.constexpr,
-        WRITE_INDICES: tl.constexpr,
+        WRITE_INDICES: tl.constexpr, DOT_SCORES: tl.constexpr,
     ):  # fmt: skip
         """One program per (tile of BLOCK_T query tokens, batch * KV head); its rows are (group head, token)."""
         tile = tl.program_id(0)
@@ -231,14 +257,14 @@ if triton is not None:
                 summary_ok = cols < n_summaries
                 if BOUND:  # positive query components meet kmax, negative ones kmin: two sums, added (the reference)
                     raw = _summary_products(
-                        q_rows, qs_d, row_ok, s_second, s_rows, ss_d, summary_ok, head_dim, 1, ROWS, MK
+                        q_rows, qs_d, row_ok, s_second, s_rows, ss_d, summary_ok, head_dim, 1, ROWS, MK, DOT_SCORES
                     )
                     raw = raw + _summary_products(
-                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, -1, ROWS, MK
+                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, -1, ROWS, MK, DOT_SCORES
                     )
                 else:
                     raw = _summary_products(
-                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, 0, ROWS, MK
+                        q_rows, qs_d, row_ok, s_first, s_rows, ss_d, summary_ok, head_dim, 0, ROWS, MK, DOT_SCORES
                     )
                 scores = raw * scaling
                 if POLICY == 2:  # magnitude
@@ -451,6 +477,7 @@ def select_token_blocks_triton(
     group = out_heads // kv_heads
     mk = max(16, _next_power_of_2(n_blocks))
     tiles = _tiles(n_q, group, mk, _TILE_VALUES // 2 if policy in _FRC_POLICIES else _TILE_VALUES)
+    num_warps = _NUM_WARPS or min(8, _next_power_of_2(max(1, tiles["ROWS"] * mk // 512)))
     width = selection_width(
         n_blocks, n_keys=n_keys, block_size=block_size, policy=policy, budget=budget, sparsity=sparsity, topk=topk,
         sink_blocks=sink_blocks, local_blocks=local_blocks, min_seq_len=min_seq_len,
@@ -475,10 +502,10 @@ def select_token_blocks_triton(
             *counts.stride(),
             POLICY=_POLICY_CODES["dense" if dense else policy], BOUND=scored and len(summaries) == 2,
             ROW_BUDGET=budget == "row", MK=mk, HOP_CHUNK=_HOP_CHUNK, WIDTH_PAD=_next_power_of_2(width),
-            WRITE_INDICES=return_indices,
+            WRITE_INDICES=return_indices, DOT_SCORES=_DOT_SCORES and tiles["ROWS"] >= 16,
             # the reference rounds every product and sum on its own: no fused multiply-adds
             enable_fp_fusion=False,
-            num_warps=min(8, _next_power_of_2(max(1, tiles["ROWS"] * mk // 512))),
+            num_warps=num_warps,
             **tiles,
         )  # fmt: skip
     full = (batch, heads, n_q)

@@ -1,0 +1,191 @@
+"""CAB's prefill on one GPU, taken apart: where the registered call's time goes, kernel by kernel, and how the fused
+selection kernel's launch shape moves its time.
+
+    python scripts/profile_cab_gpu.py --output OUT/profile.md                  # on the GPU: bf16, T=32768, 12 heads
+    TRITON_INTERPRET=1 python scripts/profile_cab_gpu.py --dry-run --output F  # tiny sizes on CPU (CI runs it)
+
+1. **Profile**: ``torch.profiler`` over ``--calls`` CAB calls and as many causal SDPA calls on the same random q/k/v
+   (after two warm-up calls of each); the kernels sorted by their own device time.
+2. **Selection sweep**: the fused per-token selection (``select_token_blocks_triton``, indices and counts, one launch
+   over all T queries) for each way of scoring (outer products per head dim, or float32 ``tl.dot``) × tile size
+   (float32 scores a program holds) × warps per program, timed with ``triton.testing.do_bench`` (median); each output
+   compared with the default launch's (the launch shape only decides which program computes a row; ``tl.dot`` sums
+   in another order, so a row whose candidates tie within rounding may pick another block). First, for scale, the
+   same launch for ``streaming`` (no scores, no ranking: the writes alone). The fastest is a candidate for the
+   kernel's defaults.
+
+``scripts/gpu_check.sh`` runs it; record its tables in ``docs/results/cab.md`` with the date and the card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from contextlib import contextmanager
+
+import torch
+
+from hf_icl.attention.cab_params import CABParams
+from hf_icl.benchmarks.cab_pairs import cab_call, sdpa_call, stand_in_module
+from hf_icl.kernels.token_selection import fused
+from hf_icl.kernels.token_selection.rule import key_block_summaries
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="tiny sizes on CPU (run it with TRITON_INTERPRET=1)")
+    parser.add_argument("--length", type=int, default=32768, help="tokens T")
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--sparsity", type=float, default=0.9)
+    parser.add_argument("--block-size", type=int, default=64)
+    parser.add_argument("--calls", type=int, default=3, help="profiled calls of each")
+    parser.add_argument("--tiles", type=int, nargs="+", default=[2048, 4096, 8192])
+    parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--dot", type=int, nargs="+", default=[0, 1], help="score with tl.dot: 0 (no), 1 (yes)")
+    parser.add_argument("--output", default=None, help="also write the tables to this markdown file")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        args.length, args.heads, args.head_dim, args.block_size, args.calls = 256, 2, 32, 16, 1
+        args.tiles, args.warps = [256, 1024], [1, 4]
+    for name in ("length", "heads", "head_dim", "calls"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
+    if not 0 < args.sparsity < 1:
+        parser.error(f"--sparsity must lie in (0, 1), got {args.sparsity}")
+    if any(t < 16 or t & (t - 1) for t in args.tiles):
+        parser.error(f"--tiles must be powers of two >= 16, got {args.tiles}")
+    if any(w not in (1, 2, 4, 8, 16) for w in args.warps):
+        parser.error(f"--warps must be among 1, 2, 4, 8, 16, got {args.warps}")
+    args.device = torch.device("cpu" if args.dry_run else "cuda")
+    if args.device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("no CUDA device is visible (use --dry-run on a CPU)")
+    args.dtype = torch.float32 if args.dry_run else torch.bfloat16
+    return args
+
+
+def profile_table(args, query, key, value) -> list[str]:
+    """The kernels of ``--calls`` CAB calls and ``--calls`` SDPA calls, by their own device (CPU: host) time."""
+    params = CABParams(sparsity=args.sparsity, block_size=args.block_size, min_seq_len=0)
+    module, scaling = stand_in_module(params), args.head_dim**-0.5
+    cuda = args.device.type == "cuda"
+    activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if cuda else [])
+    with torch.no_grad():
+        for _ in range(2):
+            cab_call(module, query, key, value, scaling)
+            sdpa_call(query, key, value, scaling, False)
+        _synchronize(args.device)
+        with torch.profiler.profile(activities=activities) as prof:
+            for _ in range(args.calls):
+                with torch.profiler.record_function("cab_call"):
+                    cab_call(module, query, key, value, scaling)
+            for _ in range(args.calls):
+                with torch.profiler.record_function("sdpa_call"):
+                    sdpa_call(query, key, value, scaling, False)
+            _synchronize(args.device)
+    sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=25, max_name_column_width=70)
+    title = (
+        f"Profile: {args.calls} CAB calls (magnitude, row budget, sparsity {args.sparsity}, block {args.block_size}) "
+        f"and {args.calls} causal SDPA calls, B=1, H={args.heads}, T={args.length}, D={args.head_dim}, "
+        f"{str(args.dtype).removeprefix('torch.')}, sorted by {sort_by}:"
+    )
+    return [title, "", "```", table.rstrip(), "```", ""]
+
+
+def sweep_table(args, query, key) -> list[str]:
+    """The fused selection per (tile values, warps), timed, each checked equal to the default launch's output."""
+    scaling = args.head_dim**-0.5
+    summaries = key_block_summaries(key, args.block_size, "mean")
+    rule = dict(block_size=args.block_size, policy="magnitude", budget="row", sparsity=args.sparsity)
+
+    def select():
+        return fused.select_token_blocks_triton(
+            query, summaries, n_keys=args.length, scaling=scaling, return_indices=True, **rule
+        )
+
+    with torch.no_grad():
+        reference = [x.clone() for x in select()]
+        rows = []
+        for tile in args.tiles:
+            for warps in args.warps:
+                for dot in args.dot:
+                    with _launch_shape(tile, warps, bool(dot)):
+                        got = select()
+                        differ = int((got[0] != reference[0]).sum())  # token_keep entries
+                        ms = _median_ms(select, args.device)
+                    rows.append((bool(dot), tile, warps, ms, differ))
+        streaming = dict(rule, policy="streaming")
+        writes_ms = _median_ms(
+            lambda: fused.select_token_blocks_triton(
+                query, None, n_keys=args.length, scaling=scaling, return_indices=True, **streaming
+            ),
+            args.device,
+        )
+    default = (fused._DOT_SCORES, fused._TILE_VALUES, fused._NUM_WARPS)
+    lines = [
+        f"Fused selection sweep: `select_token_blocks_triton` (magnitude, row budget, sparsity {args.sparsity}, "
+        f"indices and counts) over all T={args.length} queries, H={args.heads}, D={args.head_dim}, one launch; "
+        f"median ms; the default launch: {'dot' if default[0] else 'outer products'}, tile {default[1]}, warps "
+        f"{default[2] or 'derived'}. The same launch for `streaming` (writes only): {writes_ms:.3f} ms.",
+        "",
+        f"| scores | tile values | warps | ms | token_keep entries unlike the default's (of {reference[0].numel()}) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    lines += [
+        f"| {'dot' if dot else 'outer'} | {tile} | {warps} | {ms:.3f} | {differ} |"
+        for dot, tile, warps, ms, differ in rows
+    ]
+    best = min(rows, key=lambda row: row[3])
+    lines += ["", f"Fastest: {'dot' if best[0] else 'outer'}, tile {best[1]}, {best[2]} warps, {best[3]:.3f} ms.", ""]
+    return lines
+
+
+@contextmanager
+def _launch_shape(tile_values: int, warps: int, dot: bool):
+    saved = fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES
+    fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES = tile_values, warps, dot
+    try:
+        yield
+    finally:
+        fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES = saved
+
+
+def _median_ms(call, device: torch.device) -> float:
+    if device.type == "cuda":
+        import triton.testing
+
+        return float(triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median"))
+    start = time.perf_counter()
+    call()
+    return 1e3 * (time.perf_counter() - start)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main(argv=None) -> None:
+    args = parse_args(argv)
+    g = torch.Generator(device=args.device).manual_seed(0)
+    shape = (1, args.heads, args.length, args.head_dim)
+    query, key, value = (
+        torch.randn(shape, generator=g, device=args.device, dtype=torch.float32).to(args.dtype) for _ in range(3)
+    )
+    lines = [f"`python scripts/profile_cab_gpu.py` on {_device_name(args.device)}, torch {torch.__version__}", ""]
+    lines += profile_table(args, query, key, value)
+    print("\n".join(lines), flush=True)
+    sweep = sweep_table(args, query, key)
+    print("\n".join(sweep), flush=True)
+    if args.output:
+        with open(args.output, "a", encoding="utf-8") as handle:
+            handle.write("\n".join(lines + sweep) + "\n")
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
+
+
+if __name__ == "__main__":
+    main()
