@@ -83,17 +83,18 @@ def test_greedy_generation_with_decode_kernel_matches_pytorch_path(build):
 @needs_triton
 def test_forcing_triton_where_no_kernel_runs_is_a_clear_error():
     """The oracle's dense selection, a padded batch's chunked prefill and a padded decode step whose rows are not
-    left-padded have no kernel route: 'triton' says why."""
-    q = k = v = torch.randn(1, 2, 64, 32)
+    left-padded have no kernel route: 'triton' says why. (On the kernels' device: CPU tensors on a CUDA machine
+    without the interpreter are refused earlier, for the device.)"""
+    q = k = v = torch.randn(1, 2, 64, 32, device=DEVICE)
     with pytest.raises(ValueError, match="cab_backend='triton' cannot run this call: the fused selection"):
         cab_attention_forward(_module(backend="triton", policy="oracle"), q, k, v, None)
-    key_valid = torch.ones(1, 64, dtype=torch.bool)
+    key_valid = torch.ones(1, 64, dtype=torch.bool, device=DEVICE)
     key_valid[:, :5] = False
-    chunk = torch.randn(1, 2, 8, 32)
-    causal = (56 + torch.arange(8))[:, None] >= torch.arange(64)
+    chunk = torch.randn(1, 2, 8, 32, device=DEVICE)
+    causal = (56 + torch.arange(8, device=DEVICE))[:, None] >= torch.arange(64, device=DEVICE)
     with pytest.raises(ValueError, match="padded batch's chunked prefill"):
         cab_attention_forward(_module(backend="triton"), chunk, k, v, (causal & key_valid)[None, None])
-    one = torch.randn(1, 2, 1, 32)
+    one = torch.randn(1, 2, 1, 32, device=DEVICE)
     holed = key_valid.clone()
     holed[:, 20:30] = False  # padding inside the row: not how generate pads
     with pytest.raises(ValueError, match="decode step whose rows are not left-padded"):

@@ -12,7 +12,9 @@ attention: the KV head's summaries are read once for its group) and holds each r
 registers, ``(rows, Mk)`` float32:
 
 * scores: ``scaling * q · summary`` (``"bound"``: ``q⁺ · kmax + q⁻ · kmin``), float32 sums over the head dim, the
-  query upcast to float32 first (so bf16 / fp16 queries are scored like the reference scores them);
+  query upcast to float32 first (so bf16 / fp16 queries are scored like the reference scores them): a float32
+  ``tl.dot`` (IEEE, no TF32) over chunks of 16 head dims for tiles of at least 16 rows (prefill), one outer product
+  per head dim otherwise (a decode step's few rows);
 * FRC (``frc``, ``frc_low``, ``hybrid``): candidate scores min–max normalised per row, the two-hop term
   ``A @ hop`` against the hop matrix the caller passes (``(B, Hk, Mk, Mk)``), ``A - lam · two_hop / n``;
 * top-k without a sort: a bisection over the 32-bit order-preserving integer image of the float ranks finds each
@@ -23,10 +25,11 @@ registers, ``(rows, Mk)`` float32:
 Exactness. The selection logic (budgets in float64 like the reference, tie order, FRC normalisation with
 round-to-nearest division; the launch disables the compiler's multiply-add fusion so each of those operations rounds
 on its own, as PyTorch's do) is the reference's bit for bit. The block scores and the two-hop term are float32 sums
-(explicit fused multiply-adds, one head dim / key block after the other) whose rounding differs from PyTorch's
-matmul, so scores agree to float32 rounding. Selections are therefore identical unless two candidates' ranks lie
-within rounding of each other without being equal; exact ties (equal keys give equal scores in both) and inputs
-whose products and sums are exact (small integers, dyadic means) compare exactly (the tests pin the tie rule so).
+(the dot's, or explicit fused multiply-adds one head dim / key block after the other) whose rounding differs from
+PyTorch's matmul, so scores agree to float32 rounding. Selections are therefore identical unless two candidates'
+ranks lie within rounding of each other without being equal; exact ties (equal keys give equal scores in both) and
+inputs whose products and sums are exact (small integers, dyadic means) compare exactly (the tests pin the tie rule
+so).
 
 Outputs: ``token_keep (B, H, Nq, Mk)`` bool, and optionally the kept blocks as a list per query token: ``indices
 (B, H, Nq, W)`` int32, ascending block ids, the first ``counts[b, h, t]`` valid and the rest repeating the last of
@@ -36,9 +39,10 @@ device read). With ``Nq == 1`` (decode) that is the ``(B, H, 1, K)`` / ``(B, H, 
 kernel takes. ``streaming`` and ``dense`` select the same blocks for every batch row and head: their outputs are
 expanded views (as in the reference).
 
-Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (tests). It has no ``tl.dot``: scores and the two-hop
-term are float32 outer products accumulated in registers (IEEE float32 like the reference's matmul, no TF32, no
-shared-memory tiles to outgrow), so the interpreter's bf16 dot problem does not arise either.
+Under ``TRITON_INTERPRET=1`` the kernel runs on CPU tensors (tests). Its only ``tl.dot`` takes float32 operands (the
+query is upcast first), so the interpreter's bf16 dot problem does not arise; the two-hop term stays float32 outer
+products in registers. Speed (H100, T = 32k, 12 heads, D = 64, bf16, one launch over all queries): 14.0 ms with outer
+products on 8 warps, 5.5 ms with the dot on 4 warps (``scripts/profile_cab_gpu.py``; docs/results/cab.md).
 """
 
 from __future__ import annotations
@@ -75,16 +79,19 @@ __all__ = [
 #: the kernel holds a row's score for every key block in registers: 4096 blocks = 256k tokens at block size 64
 MAX_KEY_BLOCKS = 4096
 _POLICY_CODES = {name: code for code, name in enumerate(FUSED_POLICIES)}
-# a program's tile of scores, rows × key blocks: at most this many float32 values and 64 rows. Compiled for sm_90,
-# 8192 values on 8 warps take ~200 registers a thread without spilling for magnitude; FRC holds three such tiles,
-# so it takes half (not yet timed on a GPU: a tuning knob)
+# a program's tile of scores, rows × key blocks: at most this many float32 values and 64 rows; FRC holds three such
+# tiles, so it takes half. Measured on an H100 (triton 3.6, bf16, T = 32768, 12 heads, D = 64, magnitude at 90 %, one
+# launch over all queries; scripts/profile_cab_gpu.py, docs/results/cab.md): tiles of 8192 values (16 rows × 512
+# blocks) scored with tl.dot on 4 warps take 5.5 ms; the outer products on the 8 warps derived before, 14.0 ms; tiles
+# of 2048 / 4096 values (under 16 rows: no dot), 10.9-18.1 ms whatever the warps
 _TILE_VALUES = 8192
-#: warps per program; None derives them from the tile (one warp per 512 values, at most 8). scripts/profile_cab_gpu.py
-#: sweeps this and _TILE_VALUES on a GPU
-_NUM_WARPS: int | None = None
-#: score tiles of >= 16 rows with float32 tl.dot (IEEE) instead of outer products; the sweep times both
-_DOT_SCORES = False
 _MAX_ROWS = 64
+#: warps per program; None derives them from the tile (one warp per 2048 values, at most 4: 4 beat 2 and 8 on the
+#: H100 above, with either way of scoring)
+_NUM_WARPS: int | None = None
+#: score tiles of >= 16 rows with float32 tl.dot (IEEE: no TF32) instead of one outer product per head dim (the
+#: sweep above: 2.5x faster; every selection equal to the outer products' on its inputs)
+_DOT_SCORES = True
 _HOP_CHUNK = 16  # the two-hop term picks A's columns out of chunks of this many key blocks
 
 
@@ -313,6 +320,11 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(0, int(n) - 1).bit_length()
 
 
+def _scores_with_dot(rows: int) -> bool:
+    """Whether a tile of ``rows`` query rows is scored with ``tl.dot`` (which needs 16 rows)."""
+    return _DOT_SCORES and rows >= 16
+
+
 def selection_width(
     n_blocks: int,
     *, n_keys: int, block_size: int, policy: str,
@@ -477,7 +489,7 @@ def select_token_blocks_triton(
     group = out_heads // kv_heads
     mk = max(16, _next_power_of_2(n_blocks))
     tiles = _tiles(n_q, group, mk, _TILE_VALUES // 2 if policy in _FRC_POLICIES else _TILE_VALUES)
-    num_warps = _NUM_WARPS or min(8, _next_power_of_2(max(1, tiles["ROWS"] * mk // 512)))
+    num_warps = _NUM_WARPS or min(4, _next_power_of_2(max(1, tiles["ROWS"] * mk // 2048)))
     width = selection_width(
         n_blocks, n_keys=n_keys, block_size=block_size, policy=policy, budget=budget, sparsity=sparsity, topk=topk,
         sink_blocks=sink_blocks, local_blocks=local_blocks, min_seq_len=min_seq_len,
@@ -502,7 +514,7 @@ def select_token_blocks_triton(
             *counts.stride(),
             POLICY=_POLICY_CODES["dense" if dense else policy], BOUND=scored and len(summaries) == 2,
             ROW_BUDGET=budget == "row", MK=mk, HOP_CHUNK=_HOP_CHUNK, WIDTH_PAD=_next_power_of_2(width),
-            WRITE_INDICES=return_indices, DOT_SCORES=_DOT_SCORES and tiles["ROWS"] >= 16,
+            WRITE_INDICES=return_indices, DOT_SCORES=_scores_with_dot(tiles["ROWS"]),
             # the reference rounds every product and sum on its own: no fused multiply-adds
             enable_fp_fusion=False,
             num_warps=num_warps,

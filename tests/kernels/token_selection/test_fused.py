@@ -22,6 +22,7 @@ from kernel_helpers import DEVICE, needs_triton, record_keyword
 
 from hf_icl.attention.cab import CABParams, cab_attention_forward, select_cab_blocks
 from hf_icl.kernels.block_sparse_decode import block_sparse_decode_reference, block_sparse_decode_triton
+from hf_icl.kernels.token_selection import fused as fused_module
 from hf_icl.kernels.token_selection import rule as ts
 from hf_icl.kernels.token_selection.fused import (
     FUSED_POLICIES,
@@ -82,6 +83,26 @@ def test_every_policy_score_and_budget(policy, score, budget):
     """GQA 2, 75 tokens in 16-token blocks (ragged), a second local block and two sinks."""
     q, k = _inputs(1, 2, 1, 75, 75, 16, seed=3)
     _compare(q, k, policy=policy, score=score, budget=budget, sparsity=0.6, topk=3, local_blocks=2, sink_blocks=2)
+
+
+@needs_triton
+@pytest.mark.parametrize("dot", [False, True], ids=["outer products", "tl.dot"])
+@pytest.mark.parametrize("dim", [32, 24], ids=["D=32", "D=24 (a partial chunk of 16)"])
+def test_both_ways_of_scoring_select_what_the_reference_does(monkeypatch, dot, dim):
+    """Prefill tiles (>= 16 rows) score with a float32 tl.dot by default and decode's few rows with outer products;
+    each way, forced on every tile it can take, selects what the reference does (bound / mean scores, row / topk
+    budgets, GQA, FRC), and the launch really took it."""
+    monkeypatch.setattr(fused_module, "_DOT_SCORES", dot)
+    taken, decide = [], fused_module._scores_with_dot
+    monkeypatch.setattr(fused_module, "_scores_with_dot", lambda rows: taken.append(decide(rows)) or taken[-1])
+    q, k = _inputs(1, 4, 2, 70, 70, dim, seed=11)
+    for score, budget in itertools.product(("bound", "mean"), ("row", "topk")):
+        _compare(q, k, policy="magnitude", score=score, budget=budget, sparsity=0.6, topk=3)
+    _compare(q, k, policy="hybrid", score="mean", sparsity=0.5)
+    assert taken == [dot] * 5
+    one, _ = _inputs(1, 4, 2, 1, 70, dim, seed=12)  # a decode step: 2 rows per program, outer products either way
+    _compare(one, k, policy="magnitude", score="mean", sparsity=0.6)
+    assert taken[-1] is False
 
 
 @needs_triton
