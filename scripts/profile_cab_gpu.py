@@ -6,13 +6,19 @@ selection kernel's launch shape moves its time.
 
 1. **Profile**: ``torch.profiler`` over ``--calls`` CAB calls and as many causal SDPA calls on the same random q/k/v
    (after two warm-up calls of each); the kernels sorted by their own device time.
-2. **Selection sweep**: the fused per-token selection (``select_token_blocks_triton``, indices and counts, one launch
-   over all T queries) for each way of scoring (outer products per head dim, or float32 ``tl.dot``) × tile size
-   (float32 scores a program holds) × warps per program, timed with ``triton.testing.do_bench`` (median); each output
-   compared with the default launch's (the launch shape only decides which program computes a row; ``tl.dot`` sums
-   in another order, so a row whose candidates tie within rounding may pick another block). First, for scale, the
-   same launch for ``streaming`` (no scores, no ranking: the writes alone). The fastest is a candidate for the
-   kernel's defaults.
+2. **Query-range budget**: the registered call on the kernel route for each ``--range-mib`` (how much float32
+   partial output one query range may hold): median time, number of ranges and peak extra memory. A smaller budget
+   holds less memory but launches more ranges.
+3. **Selection sweep**: the fused per-token selection (``select_token_blocks_triton``, indices and counts, one launch
+   over all T queries) for each way of scoring (outer products per head dim, or float32 ``tl.dot``) × bisection (32
+   passes, or stopping a tile once each row's bound is found) × tile size (float32 scores a program holds) × warps
+   per program, timed with ``triton.testing.do_bench`` (median); each output compared with the default launch's (the
+   launch shape only decides which program computes a row and the early exit only when to stop; ``tl.dot`` sums in
+   another order, so a row whose candidates tie within rounding may pick another block). First, for scale, the same
+   launch for ``streaming`` (no scores, no ranking: the writes alone). The fastest is a candidate for the kernel's
+   defaults.
+
+Each section is printed and appended to ``--output`` as soon as it is measured.
 
 ``scripts/gpu_check.sh`` runs it; record its tables in ``docs/results/cab.md`` with the date and the card.
 """
@@ -20,15 +26,21 @@ selection kernel's launch shape moves its time.
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 
+from hf_icl.attention import cab as cab_module
+from hf_icl.attention.cab import run_selection_only
 from hf_icl.attention.cab_params import CABParams
 from hf_icl.benchmarks.cab_pairs import cab_call, sdpa_call, stand_in_module
 from hf_icl.kernels.token_selection import fused
 from hf_icl.kernels.token_selection.rule import key_block_summaries
+
+MIB = 2**20
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -40,14 +52,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sparsity", type=float, default=0.9)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--calls", type=int, default=3, help="profiled calls of each")
-    parser.add_argument("--tiles", type=int, nargs="+", default=[2048, 4096, 8192])
-    parser.add_argument("--warps", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--tiles", type=int, nargs="+", default=[8192, 16384])
+    parser.add_argument("--warps", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--dot", type=int, nargs="+", default=[0, 1], help="score with tl.dot: 0 (no), 1 (yes)")
+    parser.add_argument(
+        "--early-exit", type=int, nargs="+", default=[0, 1], help="bisection: 0 (32 passes), 1 (early exit)"
+    )
+    parser.add_argument("--range-mib", type=float, nargs="+", default=[1024, 256, 64], help="query-range budgets, MiB")
     parser.add_argument("--output", default=None, help="also write the tables to this markdown file")
     args = parser.parse_args(argv)
     if args.dry_run:
         args.length, args.heads, args.head_dim, args.block_size, args.calls = 256, 2, 32, 16, 1
-        args.tiles, args.warps = [256, 1024], [1, 4]
+        args.tiles, args.warps, args.range_mib = [1024], [1, 4], [1.0, 1 / 64]
     for name in ("length", "heads", "head_dim", "calls"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
@@ -55,6 +71,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--sparsity must lie in (0, 1), got {args.sparsity}")
     if any(t < 16 or t & (t - 1) for t in args.tiles):
         parser.error(f"--tiles must be powers of two >= 16, got {args.tiles}")
+    if any(m <= 0 for m in args.range_mib):
+        parser.error(f"--range-mib must be positive, got {args.range_mib}")
+    if not set(args.dot + args.early_exit) <= {0, 1}:
+        parser.error(f"--dot and --early-exit take 0 or 1, got {args.dot} and {args.early_exit}")
     if any(w not in (1, 2, 4, 8, 16) for w in args.warps):
         parser.error(f"--warps must be among 1, 2, 4, 8, 16, got {args.warps}")
     args.device = torch.device("cpu" if args.dry_run else "cuda")
@@ -86,15 +106,16 @@ def profile_table(args, query, key, value) -> list[str]:
     sort_by = "self_device_time_total" if cuda else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=25, max_name_column_width=70)
     title = (
-        f"Profile: {args.calls} CAB calls (magnitude, row budget, sparsity {args.sparsity}, block {args.block_size}) "
-        f"and {args.calls} causal SDPA calls, B=1, H={args.heads}, T={args.length}, D={args.head_dim}, "
+        f"Profile: CAB calls ({args.calls}; magnitude, row budget, sparsity {args.sparsity}, block {args.block_size}) "
+        f"then as many causal SDPA calls, B=1, H={args.heads}, T={args.length}, D={args.head_dim}, "
         f"{str(args.dtype).removeprefix('torch.')}, sorted by {sort_by}:"
     )
     return [title, "", "```", table.rstrip(), "```", ""]
 
 
 def sweep_table(args, query, key) -> list[str]:
-    """The fused selection per (tile values, warps), timed, each checked equal to the default launch's output."""
+    """The fused selection per launch variant (scores × early exit × tile values × warps), timed, each compared with
+    the default launch's output."""
     scaling = args.head_dim**-0.5
     summaries = key_block_summaries(key, args.block_size, "mean")
     rule = dict(block_size=args.block_size, policy="magnitude", budget="row", sparsity=args.sparsity)
@@ -104,17 +125,16 @@ def sweep_table(args, query, key) -> list[str]:
             query, summaries, n_keys=args.length, scaling=scaling, return_indices=True, **rule
         )
 
+    default = {name: getattr(fused, name) for name in ("_DOT_SCORES", "_EARLY_EXIT", "_TILE_VALUES", "_NUM_WARPS")}
     with torch.no_grad():
         reference = [x.clone() for x in select()]
         rows = []
-        for tile in args.tiles:
-            for warps in args.warps:
-                for dot in args.dot:
-                    with _launch_shape(tile, warps, bool(dot)):
-                        got = select()
-                        differ = int((got[0] != reference[0]).sum())  # token_keep entries
-                        ms = _median_ms(select, args.device)
-                    rows.append((bool(dot), tile, warps, ms, differ))
+        for dot, early, tile, warps in itertools.product(args.dot, args.early_exit, args.tiles, args.warps):
+            variant = {"_DOT_SCORES": bool(dot), "_EARLY_EXIT": bool(early), "_TILE_VALUES": tile, "_NUM_WARPS": warps}
+            with _patched(fused, variant):
+                got = select()
+                differ = int((got[0] != reference[0]).sum())  # token_keep entries
+                rows.append((variant, _median_ms(select, args.device), differ))
         streaming = dict(rule, policy="streaming")
         writes_ms = _median_ms(
             lambda: fused.select_token_blocks_triton(
@@ -122,33 +142,81 @@ def sweep_table(args, query, key) -> list[str]:
             ),
             args.device,
         )
-    default = (fused._DOT_SCORES, fused._TILE_VALUES, fused._NUM_WARPS)
     lines = [
         f"Fused selection sweep: `select_token_blocks_triton` (magnitude, row budget, sparsity {args.sparsity}, "
         f"indices and counts) over all T={args.length} queries, H={args.heads}, D={args.head_dim}, one launch; "
-        f"median ms; the default launch: {'dot' if default[0] else 'outer products'}, tile {default[1]}, warps "
-        f"{default[2] or 'derived'}. The same launch for `streaming` (writes only): {writes_ms:.3f} ms.",
+        f"median ms; the default launch: {_describe(default)}. The same launch for `streaming` (writes only): "
+        f"{writes_ms:.3f} ms.",
         "",
-        f"| scores | tile values | warps | ms | token_keep entries unlike the default's (of {reference[0].numel()}) |",
-        "|---|---:|---:|---:|---:|",
+        "| scores | bisection | tile values | warps | ms | token_keep entries unlike the default's "
+        f"(of {reference[0].numel()}) |",
+        "|---|---|---:|---:|---:|---:|",
     ]
-    lines += [
-        f"| {'dot' if dot else 'outer'} | {tile} | {warps} | {ms:.3f} | {differ} |"
-        for dot, tile, warps, ms, differ in rows
-    ]
-    best = min(rows, key=lambda row: row[3])
-    lines += ["", f"Fastest: {'dot' if best[0] else 'outer'}, tile {best[1]}, {best[2]} warps, {best[3]:.3f} ms.", ""]
+    for variant, ms, differ in rows:
+        scores, bisection = _describe(variant).split(", ")[:2]
+        lines.append(
+            f"| {scores} | {bisection} | {variant['_TILE_VALUES']} | {variant['_NUM_WARPS']} | {ms:.3f} | {differ} |"
+        )
+    best = min(rows, key=lambda row: row[1])
+    lines += ["", f"Fastest: {_describe(best[0])}, {best[1]:.3f} ms.", ""]
     return lines
 
 
+def range_table(args, query, key, value) -> list[str]:
+    """The registered call on the kernel route per query-range budget (the float32 partials one range may hold):
+    time, ranges and peak extra memory, since a smaller budget trades memory for launches."""
+    params = CABParams(sparsity=args.sparsity, block_size=args.block_size, min_seq_len=0, backend="triton")
+    module, scaling = stand_in_module(params), args.head_dim**-0.5
+    rows = []
+    with torch.no_grad():
+        for mib in args.range_mib:
+            with _patched(cab_module, {"_KERNEL_RANGE_BYTES": int(mib * MIB)}):
+                ranges = run_selection_only(query, key, params, scaling)
+                call = partial(cab_call, module, query, key, value, scaling)
+                ms = _median_ms(call, args.device)
+                rows.append((mib, ranges, ms, _peak_extra_mib(call, args.device)))
+    lines = [
+        "Query-range budget of the kernel route (`_KERNEL_RANGE_BYTES`, default "
+        f"{cab_module._KERNEL_RANGE_BYTES / MIB:g} MiB): the registered call (magnitude, row budget, sparsity "
+        f"{args.sparsity}) on T={args.length}, median ms, and the extra memory its peak holds beyond q, k, v.",
+        "",
+        "| range budget MiB | ranges | ms | peak extra MiB |",
+        "|---:|---:|---:|---:|",
+    ]
+    lines += [f"| {mib:g} | {ranges} | {ms:.3f} | {peak} |" for mib, ranges, ms, peak in rows]
+    return lines + [""]
+
+
+def _describe(variant: dict) -> str:
+    warps = variant["_NUM_WARPS"] or "derived"
+    return (
+        f"{'dot' if variant['_DOT_SCORES'] else 'outer'}, {'early exit' if variant['_EARLY_EXIT'] else '32 passes'}, "
+        f"tile {variant['_TILE_VALUES']}, warps {warps}"
+    )
+
+
 @contextmanager
-def _launch_shape(tile_values: int, warps: int, dot: bool):
-    saved = fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES
-    fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES = tile_values, warps, dot
+def _patched(module, values: dict):
+    """Set module attributes (the kernels' private tuning knobs) for the block, then put them back."""
+    saved = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
     try:
         yield
     finally:
-        fused._TILE_VALUES, fused._NUM_WARPS, fused._DOT_SCORES = saved
+        for name, value in saved.items():
+            setattr(module, name, value)
+
+
+def _peak_extra_mib(call, device: torch.device) -> str:
+    if device.type != "cuda":
+        return "n/a"
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    call()
+    torch.cuda.synchronize()
+    return f"{(torch.cuda.max_memory_allocated() - base) / MIB:.1f}"
 
 
 def _median_ms(call, device: torch.device) -> float:
@@ -173,14 +241,19 @@ def main(argv=None) -> None:
     query, key, value = (
         torch.randn(shape, generator=g, device=args.device, dtype=torch.float32).to(args.dtype) for _ in range(3)
     )
-    lines = [f"`python scripts/profile_cab_gpu.py` on {_device_name(args.device)}, torch {torch.__version__}", ""]
-    lines += profile_table(args, query, key, value)
-    print("\n".join(lines), flush=True)
-    sweep = sweep_table(args, query, key)
-    print("\n".join(sweep), flush=True)
-    if args.output:
-        with open(args.output, "a", encoding="utf-8") as handle:
-            handle.write("\n".join(lines + sweep) + "\n")
+    header = [f"`python scripts/profile_cab_gpu.py` on {_device_name(args.device)}, torch {torch.__version__}", ""]
+    # each section printed and appended as soon as it is measured: a run cut short keeps what it finished (the
+    # sweep, whose variants each compile, runs last)
+    for section in (
+        lambda: header + profile_table(args, query, key, value),
+        lambda: range_table(args, query, key, value),
+        lambda: sweep_table(args, query, key),
+    ):
+        lines = section()
+        print("\n".join(lines), flush=True)
+        if args.output:
+            with open(args.output, "a", encoding="utf-8") as handle:
+                handle.write("\n".join(lines) + "\n")
 
 
 def _device_name(device: torch.device) -> str:

@@ -1,6 +1,7 @@
 """The benchmarks (``hf-icl bench``) and the scripts run end to end on tiny sizes."""
 
 import importlib.util
+import itertools
 import math
 import sys
 
@@ -257,6 +258,10 @@ def test_gpu_check_script_dry_run(tmp_path):
     # near-ties for the dot's other summation order to break the other way)
     profile = (tmp_path / "profile.md").read_text()
     assert "Profile:" in profile and "cab_call" in profile and "sdpa_call" in profile
+    ranges = [line.split("|") for line in profile.splitlines() if line.startswith(("| 1 |", "| 0.015625 |"))]
+    assert [int(row[2]) for row in ranges] == [1, 16]  # 1 MiB holds the tiny run's one range; 16 KiB, one per block
     sweep = [line.split("|") for line in profile.splitlines() if line.startswith(("| outer |", "| dot |"))]
-    assert {row[1].strip() for row in sweep} == {"outer", "dot"} and len(sweep) == 8
-    assert all(int(row[5]) == 0 for row in sweep), sweep
+    assert {(row[1].strip(), row[2].strip()) for row in sweep} == set(
+        itertools.product(("outer", "dot"), ("32 passes", "early exit"))
+    )
+    assert len(sweep) == 8 and all(int(row[6]) == 0 for row in sweep), sweep

@@ -92,6 +92,9 @@ _NUM_WARPS: int | None = None
 #: score tiles of >= 16 rows with float32 tl.dot (IEEE: no TF32) instead of one outer product per head dim (the
 #: sweep above: 2.5x faster; every selection equal to the outer products' on its inputs)
 _DOT_SCORES = True
+#: end a tile's bisection once every row has found its k-th key's bound (same selections; fewer passes expected on
+#: untied scores). Not yet timed on a GPU: scripts/profile_cab_gpu.py sweeps it, off until it measures faster
+_EARLY_EXIT = False
 _HOP_CHUNK = 16  # the two-hop term picks A's columns out of chunks of this many key blocks
 
 
@@ -113,24 +116,41 @@ if triton is not None:
         return tl.where(bits < 0, bits ^ 0x7FFFFFFF, bits)
 
     @triton.jit
-    def _top_among(rank, candidate, count):
+    def _halve(key, candidate, k, lo, hi):
+        """One bisection pass per row: the new ``(lo, hi)`` and whether ``lo`` now has exactly k candidates at or
+        above it (once true it stays true: a later ``lo`` only rises to keys with k candidates above)."""
+        mid = lo + ((hi - lo + 1) >> 1)
+        n_at_least = tl.sum((candidate & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
+        enough = n_at_least >= k
+        return tl.where(enough, mid, lo), tl.where(enough, hi, mid - 1), enough & (n_at_least == k)
+
+    @triton.jit
+    def _top_among(rank, candidate, count, EARLY_EXIT: tl.constexpr):
         """Per row, the ``count`` highest-``rank`` candidates, ties to the lower column: bool ``(rows, cols)``.
 
         Bisection for the k-th largest order key (k = min(count, candidates)): ``lo`` always has at least k
         candidates at or above it; 32 halvings of the 32-bit range leave it at that key. Then every candidate
         above it, and the first ``k - above`` candidates equal to it in column order.
+
+        ``EARLY_EXIT``: a row is done as soon as ``lo`` has exactly k candidates at or above it (then no candidate
+        lies between ``lo`` and the k-th key, so the rule below keeps the same ones) or its bounds meet; the tile
+        stops when all its rows are done (at most the same 32 passes: rows whose k-th key is tied need them all).
         """
         key = _order_key(rank)  # int32 per entry; the bisection bounds are int64 per row (no overflow at the ends)
         n_candidates = tl.sum(candidate.to(tl.int32), axis=1)
         k = tl.maximum(tl.minimum(count, n_candidates), 0)
         lo = tl.full(k.shape, -(2**31), tl.int64)
         hi = tl.full(k.shape, 2**31 - 1, tl.int64)
-        for _ in range(32):
-            mid = lo + ((hi - lo + 1) >> 1)
-            n_at_least = tl.sum((candidate & (key >= mid.to(tl.int32)[:, None])).to(tl.int32), axis=1)
-            enough = n_at_least >= k
-            lo = tl.where(enough, mid, lo)
-            hi = tl.where(enough, hi, mid - 1)
+        if EARLY_EXIT:
+            done = (n_candidates == k) | (k == 0)  # every candidate, or none: the starting bound already says so
+            passes = 0
+            while (passes < 32) & (tl.min(done.to(tl.int32), axis=0) == 0):
+                lo, hi, exact = _halve(key, candidate, k, lo, hi)
+                done = done | exact | (lo == hi)
+                passes += 1
+        else:
+            for _ in range(32):
+                lo, hi, _exact = _halve(key, candidate, k, lo, hi)
         threshold = lo.to(tl.int32)
         above = candidate & (key > threshold[:, None])
         tied = candidate & (key == threshold[:, None])
@@ -225,7 +245,7 @@ if triton is not None:
         ks_b, ks_h, ks_n, ks_m, is_b, is_h, is_n, is_w, cs_b, cs_h, cs_n,        # token_keep / indices / counts strides
         POLICY: tl.constexpr, BOUND: tl.constexpr, ROW_BUDGET: tl.constexpr, BLOCK_T: tl.constexpr,
         ROWS: tl.constexpr, MK: tl.constexpr, HOP_CHUNK: tl.constexpr, WIDTH_PAD: tl.constexpr,
-        WRITE_INDICES: tl.constexpr, DOT_SCORES: tl.constexpr,
+        WRITE_INDICES: tl.constexpr, DOT_SCORES: tl.constexpr, EARLY_EXIT: tl.constexpr,
     ):  # fmt: skip
         """One program per (tile of BLOCK_T query tokens, batch * KV head); its rows are (group head, token)."""
         tile = tl.program_id(0)
@@ -275,18 +295,20 @@ if triton is not None:
                     )
                 scores = raw * scaling
                 if POLICY == 2:  # magnitude
-                    chosen = _top_among(scores, candidate, remaining)
+                    chosen = _top_among(scores, candidate, remaining, EARLY_EXIT)
                 else:
                     hop_base = hop + b * hs_b + hk * hs_h + cols.to(tl.int64) * hs_m
                     frc = _frc(scores, candidate, hop_base, hs_r, cols, n_summaries, lam, ROWS, MK, HOP_CHUNK)
                     if POLICY == 3:  # frc
-                        chosen = _top_among(frc, candidate, remaining)
+                        chosen = _top_among(frc, candidate, remaining, EARLY_EXIT)
                     elif POLICY == 4:  # frc_low
-                        chosen = _top_among(-frc, candidate, remaining)
+                        chosen = _top_among(-frc, candidate, remaining, EARLY_EXIT)
                     else:  # hybrid: magnitude's share first (float32, as the reference), FRC among the rest
                         n_magnitude = tl.floor(remaining.to(tl.float32) * magnitude_fraction + 0.5).to(tl.int32)
-                        by_magnitude = _top_among(scores, candidate, n_magnitude)
-                        chosen = by_magnitude | _top_among(frc, candidate & ~by_magnitude, remaining - n_magnitude)
+                        by_magnitude = _top_among(scores, candidate, n_magnitude, EARLY_EXIT)
+                        chosen = by_magnitude | _top_among(
+                            frc, candidate & ~by_magnitude, remaining - n_magnitude, EARLY_EXIT
+                        )
             kept = forced | chosen
             kept = kept | (visible & (pos < min_seq_len)[:, None])  # short prefixes stay dense
 
@@ -514,7 +536,7 @@ def select_token_blocks_triton(
             *counts.stride(),
             POLICY=_POLICY_CODES["dense" if dense else policy], BOUND=scored and len(summaries) == 2,
             ROW_BUDGET=budget == "row", MK=mk, HOP_CHUNK=_HOP_CHUNK, WIDTH_PAD=_next_power_of_2(width),
-            WRITE_INDICES=return_indices, DOT_SCORES=_scores_with_dot(tiles["ROWS"]),
+            WRITE_INDICES=return_indices, DOT_SCORES=_scores_with_dot(tiles["ROWS"]), EARLY_EXIT=_EARLY_EXIT,
             # the reference rounds every product and sum on its own: no fused multiply-adds
             enable_fp_fusion=False,
             num_warps=num_warps,

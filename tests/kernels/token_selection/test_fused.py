@@ -225,6 +225,28 @@ def test_all_equal_scores_keep_the_earliest_candidates():
     assert keep[0, 0, -1].tolist() == [True, True, False, True]  # own block 3, then blocks 0 and 1 (not 2)
 
 
+@needs_triton
+@pytest.mark.parametrize("inputs", ["untied", "integer ties", "all equal"])
+def test_the_early_exit_bisection_selects_what_the_reference_does(monkeypatch, inputs):
+    """The bisection that stops a tile once each row's bound is found (``_EARLY_EXIT``, off by default until timed
+    on a GPU) keeps what the reference keeps: untied scores under every ranking policy, many exact ties (integer
+    inputs with duplicated blocks, where rows need all 32 passes), every score equal."""
+    monkeypatch.setattr(fused_module, "_EARLY_EXIT", True)
+    rule = {"sparsity": 0.6, "topk": 3}
+    if inputs == "untied":
+        q, k = _inputs(1, 4, 2, 90, 90, 16, seed=21)
+        for policy, budget in itertools.product(("magnitude", "frc", "frc_low", "hybrid"), ("row", "topk")):
+            _compare(q, k, policy=policy, score="mean", budget=budget, **rule)
+        return
+    if inputs == "integer ties":
+        q, k = _inputs(1, 2, 1, 140, 140, 8, seed=11, integer=True)
+        k = _with_duplicate_blocks(k, 16, [(1, 3), (2, 5), (1, 6)])
+    else:
+        q, k = torch.zeros(1, 1, 140, 8, device=DEVICE), _inputs(1, 1, 1, 140, 140, 8, seed=2)[1]
+    for score, budget in itertools.product(SCORES, ("row", "topk")):
+        _compare(q, k, policy="magnitude", score=score, budget=budget, **rule)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # indices and counts
 # ---------------------------------------------------------------------------------------------------------------
