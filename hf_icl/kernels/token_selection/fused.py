@@ -18,8 +18,9 @@ registers, ``(rows, Mk)`` float32:
 * FRC (``frc``, ``frc_low``, ``hybrid``): candidate scores min–max normalised per row, the two-hop term
   ``A @ hop`` against the hop matrix the caller passes (``(B, Hk, Mk, Mk)``), ``A - lam · two_hop / n``;
 * top-k without a sort: a bisection over the 32-bit order-preserving integer image of the float ranks finds each
-  row's k-th largest value (32 passes over the row, whatever k), every candidate above it is kept and the ties at
-  it are taken in block order with a prefix sum, so ties go to the lower block index exactly as in the reference;
+  row's k-th largest value (32 passes over the row, whatever k; ``_EARLY_EXIT``, off until timed on a GPU, stops a
+  tile once every row has its bound), every candidate above it is kept and the ties at it are taken in block order
+  with a prefix sum, so ties go to the lower block index exactly as in the reference;
 * no host synchronisation and no data-dependent Python control flow (CUDA-graph capturable).
 
 Exactness. The selection logic (budgets in float64 like the reference, tie order, FRC normalisation with
