@@ -6,7 +6,7 @@
 # kernel by kernel; the query-range budget's time and memory; the fused selection's launch sweep, early exit
 # included); every table written under OUT_DIR. Each step has its own time limit, so a slow step cannot eat the others' time; the script goes on after a
 # failed step and exits non-zero at the end. The tests log one line per test (-v) and, where pytest-timeout is
-# installed, stop any single test after 90 s, so a cut-short step still names what ran and what failed.
+# installed, stop any single test after 140 s, so a cut-short step still names what ran and what failed.
 #
 #   bash scripts/gpu_check.sh OUT_DIR            # on the GPU machine (python3 with torch, triton, transformers)
 #   bash scripts/gpu_check.sh --dry-run OUT_DIR  # the same steps at tiny sizes on CPU (TRITON_INTERPRET=1; CI runs it)
@@ -59,7 +59,7 @@ p = torch.cuda.get_device_properties(0)
 print(p.name, p.multi_processor_count, 'SMs', round(p.total_memory / 2**30), 'GiB')"
     per_test=()
     if "$python" -c "import pytest_timeout" 2>/dev/null; then
-        per_test=(--timeout 90)
+        per_test=(--timeout 140)
     fi
     # one thread per worker: 14 workers of 16 threads each starve the CPU references (seen on an H100 machine)
     step kernel_tests 150 env OMP_NUM_THREADS=1 "$python" -m pytest -v -n 14 -p no:cacheprovider --durations 20 "${per_test[@]}" "${tests[@]}"
