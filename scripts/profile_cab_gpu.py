@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import time
 from contextlib import contextmanager
 from functools import partial
 
@@ -36,11 +35,19 @@ import torch
 from hf_icl.attention import cab as cab_module
 from hf_icl.attention.cab import run_selection_only
 from hf_icl.attention.cab_params import CABParams
-from hf_icl.benchmarks.cab_pairs import cab_call, sdpa_call, stand_in_module
+from hf_icl.benchmarks.cab_pairs import (
+    MIB,
+    InputSpec,
+    build_inputs,
+    cab_call,
+    peak_extra_bytes,
+    sdpa_call,
+    stand_in_module,
+)
+from hf_icl.benchmarks.report import hardware_name
+from hf_icl.benchmarks.timing import emit_markdown, median_seconds
 from hf_icl.kernels.token_selection import fused
 from hf_icl.kernels.token_selection.rule import key_block_summaries
-
-MIB = 2**20
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,6 +88,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.device.type == "cuda" and not torch.cuda.is_available():
         parser.error("no CUDA device is visible (use --dry-run on a CPU)")
     args.dtype = torch.float32 if args.dry_run else torch.bfloat16
+    # random Gaussian q, k, v as the bench's pairs section draws them (seed 0), so a fresh process rebuilds the same
+    args.spec = InputSpec("random", args.length, args.head_dim, args.heads, args.heads, str(args.dtype).split(".")[-1])
     return args
 
 
@@ -174,7 +183,8 @@ def range_table(args, query, key, value) -> list[str]:
                 ranges = run_selection_only(query, key, params, scaling)
                 call = partial(cab_call, module, query, key, value, scaling)
                 ms = _median_ms(call, args.device)
-                rows.append((mib, ranges, ms, _peak_extra_mib(call, args.device)))
+                peak = peak_extra_bytes("cab", args.spec, params, args.device) if args.device.type == "cuda" else None
+                rows.append((mib, ranges, ms, "n/a" if peak is None else f"{peak / MIB:.1f}"))
     lines = [
         "Query-range budget of the kernel route (`_KERNEL_RANGE_BYTES`, default "
         f"{cab_module._KERNEL_RANGE_BYTES / MIB:g} MiB): the registered call (magnitude, row budget, sparsity "
@@ -208,25 +218,14 @@ def _patched(module, values: dict):
             setattr(module, name, value)
 
 
-def _peak_extra_mib(call, device: torch.device) -> str:
-    if device.type != "cuda":
-        return "n/a"
-    torch.cuda.synchronize()
-    base = torch.cuda.memory_allocated()
-    torch.cuda.reset_peak_memory_stats()
-    call()
-    torch.cuda.synchronize()
-    return f"{(torch.cuda.max_memory_allocated() - base) / MIB:.1f}"
-
-
 def _median_ms(call, device: torch.device) -> float:
+    """``triton.testing.do_bench``'s median on a GPU (it clears the L2 cache between runs); one timed call on a CPU
+    (the dry run only checks that every section runs)."""
     if device.type == "cuda":
         import triton.testing
 
         return float(triton.testing.do_bench(call, warmup=25, rep=100, return_mode="median"))
-    start = time.perf_counter()
-    call()
-    return 1e3 * (time.perf_counter() - start)
+    return 1e3 * median_seconds(call, 1, device, warmup=0)
 
 
 def _synchronize(device: torch.device) -> None:
@@ -236,12 +235,8 @@ def _synchronize(device: torch.device) -> None:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    g = torch.Generator(device=args.device).manual_seed(0)
-    shape = (1, args.heads, args.length, args.head_dim)
-    query, key, value = (
-        torch.randn(shape, generator=g, device=args.device, dtype=torch.float32).to(args.dtype) for _ in range(3)
-    )
-    header = [f"`python scripts/profile_cab_gpu.py` on {_device_name(args.device)}, torch {torch.__version__}", ""]
+    query, key, value = build_inputs(args.spec, args.device)
+    header = [f"`python scripts/profile_cab_gpu.py` on {hardware_name(args.device)}, torch {torch.__version__}", ""]
     # each section printed and appended as soon as it is measured: a run cut short keeps what it finished (the
     # sweep, whose variants each compile, runs last)
     for section in (
@@ -249,15 +244,7 @@ def main(argv=None) -> None:
         lambda: range_table(args, query, key, value),
         lambda: sweep_table(args, query, key),
     ):
-        lines = section()
-        print("\n".join(lines), flush=True)
-        if args.output:
-            with open(args.output, "a", encoding="utf-8") as handle:
-                handle.write("\n".join(lines) + "\n")
-
-
-def _device_name(device: torch.device) -> str:
-    return torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU (dry run)"
+        emit_markdown(section(), args.output)
 
 
 if __name__ == "__main__":

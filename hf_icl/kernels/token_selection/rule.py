@@ -300,7 +300,7 @@ def apply_selection_rule(
     own = (q_pos // block_size)[:, None, :, None]  # (B|1, 1, Nq, 1); -1 // bs = -1 for padded queries
     dense = policy == "dense" or (budget == "row" and sparsity == 0)
     # FRC's two-hop matmul would sum over fewer blocks (other rounding): its policies rank every block
-    ranks_all = visible_blocks is None or dense or policy in _TWO_HOP
+    ranks_all = visible_blocks is None or dense or policy in _FRC_POLICIES
     seen = n_blocks if ranks_all else max(1, min(n_blocks, visible_blocks))
     cols = torch.arange(seen, device=q_pos.device)
     visible = (cols <= own) & (own >= 0)
@@ -327,10 +327,6 @@ def apply_selection_rule(
         token_keep = token_keep | (visible & (q_pos < min_seq_len)[:, None, :, None])
     token_keep = token_keep.expand(batch, heads, n_q, seen)
     return token_keep if seen == n_blocks else torch.nn.functional.pad(token_keep, (0, n_blocks - seen))
-
-
-#: the policies whose ranks go through FRC's two-hop term
-_TWO_HOP = ("frc", "frc_low", "hybrid")
 
 
 def _rank_and_pick(scores, candidate, remaining, max_count, policy, hop, lam, fraction):
